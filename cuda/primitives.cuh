@@ -1,0 +1,127 @@
+// hf_flashpatch: device primitives shared by every kernel (Ampere+ PTX: cp.async, ldmatrix,
+// mma.sync m16n8k16, warp reductions, bf16/fp16 packing). One concept: "how to talk to the
+// hardware"; no attention logic lives here.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace hfp {
+
+// ---------------------------------------------------------------- element types
+// ELEM_BF16 = 1 selects __nv_bfloat16, else __half. Kernels are compiled once per dtype.
+template <bool kBf16> struct ElemTraits;
+template <> struct ElemTraits<true> {
+  using T = __nv_bfloat16;
+  using T2 = __nv_bfloat162;
+  static __device__ __forceinline__ float to_float(T x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ T from_float(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    T2 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack2(uint32_t u) {
+    T2 v = *reinterpret_cast<T2*>(&u);
+    return __bfloat1622float2(v);
+  }
+};
+template <> struct ElemTraits<false> {
+  using T = __half;
+  using T2 = __half2;
+  static __device__ __forceinline__ float to_float(T x) { return __half2float(x); }
+  static __device__ __forceinline__ T from_float(float x) { return __float2half_rn(x); }
+  static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    T2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ float2 unpack2(uint32_t u) {
+    T2 v = *reinterpret_cast<T2*>(&u);
+    return __half22float2(v);
+  }
+};
+
+// ---------------------------------------------------------------- shared memory addressing
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// ---------------------------------------------------------------- cp.async (global -> shared)
+// 16-byte copy that bypasses L1; when `valid` is false the 16 destination bytes are zero-filled,
+// which is how out-of-range rows of a tile become harmless zeros instead of garbage.
+__device__ __forceinline__ void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
+  int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ---------------------------------------------------------------- ldmatrix (shared -> registers)
+// x4: four 8x8 b16 matrices; thread t supplies the row address of row (t % 8) of matrix (t / 8).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(smem));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(smem));
+}
+
+// ---------------------------------------------------------------- tensor-core MMA
+// D(16x8, fp32) += A(16x16, row) * B(16x8, col), operands bf16 or fp16.
+// Fragment layout (lane = 4*group + tid_in_group):
+//   A: a[0]=(row g, cols 2t..2t+1), a[1]=(row g+8, ...), a[2]=(row g, cols 2t+8..), a[3]=(row g+8, cols 2t+8..)
+//   B: b[0]=(rows 2t..2t+1, col g), b[1]=(rows 2t+8.., col g)
+//   C/D: d[0..1]=(row g, cols 2t, 2t+1), d[2..3]=(row g+8, cols 2t, 2t+1)
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
+template <>
+__device__ __forceinline__ void mma_16816<true>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma_16816<false>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ---------------------------------------------------------------- warp reductions
+// Reduce across the 4 lanes of an mma "quad" (lanes sharing a row of the C fragment).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
+  return x;
+}
+
+// log2(e): kernels work in base 2 (exp2f is one MUFU op) with scores pre-scaled by scale*log2(e).
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace hfp
