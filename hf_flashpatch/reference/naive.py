@@ -2,7 +2,7 @@
 
 Layout: q ``(B, S_q, H, D)``, k and v ``(B, S_k, H_kv, D)`` with ``H % H_kv == 0``; query head ``h``
 reads KV head ``h // (H // H_kv)`` (transformers' ``repeat_kv`` grouping). Returns
-``out (B, S_q, H, D)`` in q's dtype and ``lse (B, H, S_q)`` in fp32 (natural log of the softmax
+``out (B, S_q, H, D)`` in q's dtype and ``lse (B, H, S_q)`` in fp32 (fp64 for fp64 inputs; natural log of the softmax
 denominator of the scaled, soft-capped scores). Rows that see no key give ``out = 0`` and
 ``lse = -inf``. Slow and memory hungry on purpose: this is the oracle, not a fast path.
 """
@@ -34,9 +34,10 @@ def attention_reference(
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     left, right = normalize_window(window, causal)
 
-    qf = q.float().transpose(1, 2)  # (B, H, S_q, D)
-    kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
-    vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    qf = q.to(acc).transpose(1, 2)  # (B, H, S_q, D)
+    kf = k.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
+    vf = v.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # (B, H, S_q, S_k)
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -45,7 +46,7 @@ def attention_reference(
         visible = visible & key_padding_mask.bool()[:, None, None, :]  # (B, 1, S_q, S_k)
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, S_q)
-    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
+    probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
     probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: all zeros
     out = torch.matmul(probs, vf)  # (B, H, S_q, D)
     return out.transpose(1, 2).to(q.dtype), lse

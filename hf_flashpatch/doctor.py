@@ -1,0 +1,73 @@
+"""``hf-flashpatch doctor``: what this machine offers the kernels, and which of them compile and load."""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import torch
+
+from .kernels import build as kbuild
+
+KERNEL_MODULES = ("forward", "backward", "decode")
+
+
+def kernel_builds():
+    """Every shipped kernel variant, by module: ``{name: [KernelBuild, ...]}`` (modules missing here are skipped)."""
+    found = {}
+    for name in KERNEL_MODULES:
+        try:
+            module = importlib.import_module(f"hf_flashpatch.kernels.{name}")
+        except ImportError:
+            continue
+        if hasattr(module, "all_builds"):
+            found[name] = list(module.all_builds())
+    return found
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="hf-flashpatch doctor", description=__doc__)
+    parser.add_argument("--compile", action="store_true", help="compile every kernel variant (uses the disk cache)")
+    args = parser.parse_args(argv)
+
+    nvcc = kbuild.find_nvcc()
+    print(f"torch        {torch.__version__} (CUDA {torch.version.cuda})")
+    print(f"cuda device  {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
+    if torch.cuda.is_available():
+        cap = torch.cuda.get_device_capability()
+        try:
+            arch = kbuild.arch_for_capability(*cap)
+        except Exception as exc:  # noqa: BLE001 - report, don't crash
+            arch = f"unsupported ({exc})"
+        print(f"arch         {arch} (compute capability {cap[0]}.{cap[1]})")
+    print(f"nvcc         {kbuild.nvcc_version(nvcc).splitlines()[-1] if nvcc else 'not found'}")
+    try:
+        import pycuda
+
+        print(f"pycuda       {pycuda.VERSION_TEXT}")
+    except Exception as exc:  # noqa: BLE001
+        print(f"pycuda       not importable ({type(exc).__name__}: {exc})")
+    print(f"cache dir    {kbuild.cache_dir()}")
+    print(f"sources      {kbuild.cuda_source_dir()}")
+    from .kernels import kernels_unavailable_reason
+
+    probe = torch.empty(0, device="cuda") if torch.cuda.is_available() else torch.empty(0)
+    reason = kernels_unavailable_reason(probe)
+    print(f"kernels      {'usable' if reason is None else 'not usable: ' + reason}")
+    failures = 0
+    for module, builds in kernel_builds().items():
+        for build in builds:
+            if not args.compile or nvcc is None:
+                print(f"  {module:9s} {build.source} {dict(build.defines)}")
+                continue
+            t0 = time.perf_counter()
+            try:
+                kbuild.compile_cubin(build)
+                status = f"ok {time.perf_counter() - t0:.2f}s"
+            except Exception as exc:  # noqa: BLE001
+                failures += 1
+                status = f"FAILED: {str(exc).splitlines()[0]}"
+            print(f"  {module:9s} {build.source} {dict(build.defines)}: {status}")
+    return 1 if failures else 0
