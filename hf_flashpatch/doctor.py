@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="hf-flashpatch doctor", description=__doc__)
     parser.add_argument("--compile", action="store_true", help="compile every kernel variant (uses the disk cache)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     args = parser.parse_args(argv)
 
     nvcc = kbuild.find_nvcc()
@@ -56,18 +59,22 @@ def main(argv=None) -> int:
     probe = torch.empty(0, device="cuda") if torch.cuda.is_available() else torch.empty(0)
     reason = kernels_unavailable_reason(probe)
     print(f"kernels      {'usable' if reason is None else 'not usable: ' + reason}")
-    failures = 0
-    for module, builds in kernel_builds().items():
-        for build in builds:
-            if not args.compile or nvcc is None:
-                print(f"  {module:9s} {build.source} {dict(build.defines)}")
-                continue
-            t0 = time.perf_counter()
-            try:
-                kbuild.compile_cubin(build)
-                status = f"ok {time.perf_counter() - t0:.2f}s"
-            except Exception as exc:  # noqa: BLE001
-                failures += 1
-                status = f"FAILED: {str(exc).splitlines()[0]}"
-            print(f"  {module:9s} {build.source} {dict(build.defines)}: {status}")
-    return 1 if failures else 0
+    jobs = [(module, b) for module, builds in kernel_builds().items() for b in builds]
+    if not args.compile or nvcc is None:
+        for module, build in jobs:
+            print(f"  {module:9s} {build.source} {dict(build.defines)}")
+        return 0
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # nvcc runs as subprocesses: threads suffice
+        statuses = list(pool.map(lambda job: _compile_status(job[1]), jobs))
+    for (module, build), status in zip(jobs, statuses):
+        print(f"  {module:9s} {build.source} {dict(build.defines)}: {status}")
+    return 1 if any(s.startswith("FAILED") for s in statuses) else 0
+
+
+def _compile_status(build) -> str:
+    t0 = time.perf_counter()
+    try:
+        kbuild.compile_cubin(build)
+    except Exception as exc:  # noqa: BLE001 - reported per variant
+        return f"FAILED: {str(exc).splitlines()[0]}"
+    return f"ok {time.perf_counter() - t0:.2f}s"

@@ -1,0 +1,113 @@
+"""One benchmark run over every kernel against the peers measured in the same run.
+
+    python scripts/bench.py [--quick] [--only forward,backward,decode] [--out DIR]
+
+Each part (``scripts/bench_forward.py``, ``bench_backward.py``, ``bench_decode.py``) appends result
+rows (dicts) to one list; this script adds the run's metadata (date, commit, GPU, versions), writes
+``bench.json`` and ``bench.png`` to ``--out`` and prints one table per part, ratios included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PARTS = ("forward", "backward", "decode")
+
+
+def run_metadata() -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit or os.environ.get("HF_FLASHPATCH_COMMIT", "unknown"),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def print_tables(rows: list[dict]) -> None:
+    for part in PARTS:
+        part_rows = [r for r in rows if r.get("part") == part]
+        if not part_rows:
+            continue
+        keys = []
+        for r in part_rows:
+            keys += [k for k in r if k != "part" and k not in keys]
+        print(f"\n== {part} ==")
+        print(" | ".join(keys))
+        for r in part_rows:
+            print(" | ".join(f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys))
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    numeric = [r for r in rows if isinstance(r.get("value"), (int, float)) and "series" in r and "x" in r]
+    if not numeric:
+        return
+    panels = sorted({r["panel"] for r in numeric if "panel" in r}) or [""]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        sub = [r for r in numeric if r.get("panel", "") == panel]
+        for series in sorted({r["series"] for r in sub}):
+            pts = sorted((r["x"], r["value"]) for r in sub if r["series"] == series)
+            ax.plot([str(p[0]) for p in pts], [p[1] for p in pts], marker="o", label=series)
+        ax.set_title(panel, fontsize=9)
+        ax.set_ylabel(sub[0].get("unit", ""))
+        ax.legend(fontsize=7)
+        ax.tick_params(axis="x", labelsize=7, rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer sizes (a smoke run)")
+    parser.add_argument("--only", default=",".join(PARTS))
+    parser.add_argument("--out", default=os.environ.get("OUT", "runs"))
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = run_metadata()
+    print(json.dumps(meta))
+    rows: list[dict] = []
+    failed = []
+    for part in args.only.split(","):
+        try:
+            module = importlib.import_module(f"bench_{part}")
+            part_rows: list[dict] = []
+            module.run(part_rows, quick=args.quick)
+            rows += [{"part": part, **r} for r in part_rows]
+        except Exception:  # noqa: BLE001 - one part failing must not lose the others' numbers
+            failed.append(part)
+            traceback.print_exc()
+        (out_dir / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    plot(rows, out_dir / "bench.png")
+    print_tables(rows)
+    if failed:
+        print(f"\nparts that failed: {failed}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
