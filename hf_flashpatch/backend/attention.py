@@ -1,0 +1,206 @@
+"""The attention function registered with transformers' ``AttentionInterface``.
+
+transformers calls ``fn(module, query, key, value, attention_mask, dropout=, scaling=, **kwargs)`` with
+query ``(B, H, S_q, D)`` and key/value ``(B, H_kv, S_k, D)`` (RoPE applied, cache concatenated). We hand
+``.transpose(1, 2)`` views, i.e. the project layout ``(batch, seqlen, heads, head_dim)``, to the public API
+(no copies: the kernels take strides) and return ``(out (B, S_q, H, D) contiguous, None)``.
+
+The mask arrives from :func:`transformers.masking_utils.flash_attention_mask` (see :mod:`.masks`): ``None``
+for plain causal attention, else a 2-D ``(B, S_mask)`` bool key-padding mask (True = real token). Which
+path runs:
+
+- ``cu_seq_lens_q/k`` + ``max_length_q/k`` in kwargs (``DataCollatorWithFlattening``, continuous
+  batching): the sequences are packed along the batch-1 row; varlen over them;
+- a padding mask: unpad the real tokens into varlen (left padding assumed for queries, as in transformers'
+  flash_attention_2 integration), pad the output back (padded query rows get zeros);
+- ``position_ids`` that restart within a batch-1 row (packed sequences without ``cu_seq_lens``): varlen
+  with the sequence starts read off the restarts;
+- otherwise: one query token over a cache -> ``flash_attn_with_kvcache`` (the split-KV decode kernel),
+  several -> ``flash_attn_func``. Causal masks are bottom-right aligned when ``S_q < S_k``.
+
+``sliding_window=W`` (Mistral, Qwen2) is the window ``(W - 1, 0)``; ``softcap`` (Gemma 2) passes through.
+Head counts come from the tensor shapes, never from the config.
+
+Not supported, with a clear error rather than a wrong answer: ``output_attentions=True`` (we never build
+the probabilities; use ``attn_implementation="eager"``), attention dropout > 0 (training with
+``attention_dropout``; set it to 0 or use ``sdpa``/``eager``), attention sinks ``s_aux`` (GPT-OSS).
+
+Dtypes: when q/k/v disagree (autocast or PEFT with fp32 layer norms), everything is cast to the autocast
+dtype if autocast is on, else to the half dtype among them (what the flash_attention_2 integration does).
+fp32 models run too; the public API serves fp32 with its torch fallback (the CUDA kernels are fp16/bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
+
+
+class UnsupportedAttentionFeature(NotImplementedError):
+    """A transformers feature that this backend does not implement (it names an alternative)."""
+
+
+def check_unsupported(module, dropout: float, kwargs: dict) -> None:
+    """Refuse what would otherwise give a silently wrong answer."""
+    if kwargs.get("output_attentions", False):
+        raise UnsupportedAttentionFeature(
+            f"hf_flashpatch's attention backend does not return attention probabilities (output_attentions=True); "
+            "load or switch the model with attn_implementation='eager' for that"
+        )
+    if dropout and dropout > 0.0:
+        raise UnsupportedAttentionFeature(
+            f"hf_flashpatch's attention backend has no attention dropout, got dropout={dropout} "
+            f"(module {type(module).__name__} in training mode); set config.attention_dropout=0.0, call "
+            "model.eval(), or train with attn_implementation='sdpa'"
+        )
+    if kwargs.get("s_aux") is not None:
+        raise UnsupportedAttentionFeature(
+            f"hf_flashpatch's attention backend does not implement attention sinks (s_aux of shape "
+            f"{tuple(kwargs['s_aux'].shape)}); use attn_implementation='eager' for this model"
+        )
+
+
+def common_dtype(module, *tensors: torch.Tensor) -> torch.dtype:
+    """The dtype q, k, v are computed in (see the module docstring)."""
+    dtypes = {t.dtype for t in tensors}
+    device_type = tensors[0].device.type
+    if torch.is_autocast_enabled(device_type) and torch.float32 in dtypes:
+        return torch.get_autocast_dtype(device_type)
+    if len(dtypes) == 1:
+        return tensors[0].dtype
+    for t in tensors[::-1]:  # v first: it comes straight out of v_proj, so it carries the weights' dtype
+        if t.dtype in (torch.float16, torch.bfloat16):
+            return t.dtype
+    return torch.float32
+
+
+def window_from_sliding(sliding_window) -> tuple[int, int] | None:
+    """transformers' ``sliding_window=W`` lets each query see itself and the ``W - 1`` keys before it."""
+    if sliding_window is None or sliding_window <= 0:
+        return None
+    return (int(sliding_window) - 1, 0)
+
+
+def _as_int(x) -> int:
+    return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
+
+
+def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn):
+    """Sequences packed along one batch row. q ``(1, T_q, H, D)``, k/v ``(1, T_k, H_kv, D)``."""
+    if q.shape[0] != 1:
+        raise ValueError(
+            f"cu_seq_lens_q/k describe sequences packed in a batch of 1, got query of shape {tuple(q.shape)} "
+            "(batch, seqlen, heads, head_dim)"
+        )
+    out = api.flash_attn_varlen_func(
+        q[0], k[0], v[0],  # (T, H, D) views
+        cu_q.to(torch.int32), cu_k.to(torch.int32), _as_int(max_q), _as_int(max_k), **attn,
+    )  # fmt: skip
+    return out[None]  # (1, T_q, H, D)
+
+
+def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Sequence starts of a packed batch-1 row: every place the position restarts at its minimum."""
+    flat = position_ids.reshape(-1)
+    starts = (flat == flat.min()).nonzero().view(-1).to(torch.int32)  # (num_seqs,)
+    cu = torch.cat([starts, starts.new_tensor([flat.numel()])])  # (num_seqs + 1,)
+    return cu, int(cu.diff().max())
+
+
+def is_packed_row(position_ids, batch: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """True when a batch-1 row without a cache holds several sequences (positions restart)."""
+    if position_ids is None or batch != 1 or seqlen_q == 1 or seqlen_q != seqlen_k:
+        return False
+    if position_ids.shape[-1] != seqlen_q:
+        return False
+    flat = position_ids.reshape(-1)
+    return bool((flat.diff() != 1).any())
+
+
+def unpadded_attention(q, k, v, key_mask: torch.Tensor, **attn):
+    """Key-padding mask ``(B, S_mask)`` (True = real token): unpad into varlen, pad the output back.
+
+    Keys beyond ``S_mask`` (the unwritten tail of a StaticCache) are dropped. Queries are the last ``S_q``
+    mask columns (left padding, as transformers' flash integration assumes); padded query rows get zeros.
+    """
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    key_mask = key_mask.to(device=q.device, dtype=torch.bool)
+    seqlen_mask = key_mask.shape[1]
+    if k.shape[1] < seqlen_mask:
+        raise ValueError(
+            f"attention mask covers {seqlen_mask} keys but the keys have {k.shape[1]} "
+            f"(k shape {tuple(k.shape)}, (batch, seqlen, heads, head_dim))"
+        )
+    k, v = k[:, :seqlen_mask], v[:, :seqlen_mask]  # (B, S_mask, H_kv, D) views
+    lens_k = key_mask.sum(dim=1, dtype=torch.int32)  # (B,)
+    cu_k = torch.nn.functional.pad(lens_k.cumsum(0, dtype=torch.int32), (1, 0))  # (B + 1,)
+    keep_k = key_mask.reshape(-1).nonzero().view(-1)  # (T_k,)
+    k_packed = k.reshape(-1, *k.shape[2:])[keep_k]  # (T_k, H_kv, D)
+    v_packed = v.reshape(-1, *v.shape[2:])[keep_k]
+    query_mask = key_mask[:, -seqlen_q:]  # (B, S_q)
+    lens_q = query_mask.sum(dim=1, dtype=torch.int32)
+    cu_q = torch.nn.functional.pad(lens_q.cumsum(0, dtype=torch.int32), (1, 0))
+    keep_q = query_mask.reshape(-1).nonzero().view(-1)  # (T_q,)
+    q_packed = q.reshape(-1, *q.shape[2:])[keep_q]  # (T_q, H, D)
+    out_packed = api.flash_attn_varlen_func(
+        q_packed, k_packed, v_packed, cu_q, cu_k, int(lens_q.max()), int(lens_k.max()), **attn
+    )  # (T_q, H, D)
+    out = out_packed.new_zeros(batch * seqlen_q, *out_packed.shape[1:])  # (B * S_q, H, D)
+    out = out.index_copy(0, keep_q, out_packed)
+    return out.view(batch, seqlen_q, *out.shape[1:])  # (B, S_q, H, D)
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D)`` -> ``(out (B, S_q, H, D) contiguous, None)``."""
+    check_unsupported(module, dropout, kwargs)
+    for label, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{label} must be 4-D (batch, heads, seqlen, head_dim), got {tuple(t.shape)}")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            f"hf_flashpatch's attention backend expects a 2-D key-padding mask (batch, seqlen) from its registered "
+            f"mask function, got shape {tuple(attention_mask.shape)}; a 4-D mask means the model built it "
+            "itself, which this backend cannot honour (use 'sdpa' for such a model)"
+        )
+    dtype = common_dtype(module, query, key, value)
+    q = query.transpose(1, 2).to(dtype)  # (B, S_q, H, D) view
+    k = key.transpose(1, 2).to(dtype)  # (B, S_k, H_kv, D)
+    v = value.transpose(1, 2).to(dtype)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window), softcap=softcap)
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is not None:
+        if attention_mask.shape[1] < k.shape[1]:  # a StaticCache: keys past the mask are not written yet
+            k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # (B, S_mask, H_kv, D)
+        if bool(attention_mask.all()):
+            attention_mask = None
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if cu_q is not None and cu_k is not None and max_q is not None and max_k is not None and attention_mask is None:
+        out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn)
+    elif attention_mask is not None:
+        out = unpadded_attention(q, k, v, attention_mask, **attn)
+    elif is_packed_row(position_ids, batch, seqlen_q, seqlen_k):
+        cu, max_len = cu_seqlens_from_position_ids(position_ids.to(q.device))
+        out = varlen_packed_row(q, k, v, cu, cu, max_len, max_len, **attn)
+    elif seqlen_q == 1 and seqlen_k > 1 and attn["causal"] and not differentiable:
+        out = api.flash_attn_with_kvcache(q, k, v, **attn)  # one new token over the whole cache (decode kernel)
+    else:
+        out = api.flash_attn_func(q, k, v, **attn)
+    return out.contiguous(), None
