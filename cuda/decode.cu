@@ -1,0 +1,409 @@
+// hf_flashpatch: split-KV decode attention over a contiguous, paged (block table) or slot-indexed
+// KV cache. Memory bound: every byte of K/V is read once per (sequence, KV head, row tile) and the
+// work is arranged to keep many 16-byte loads in flight.
+//
+// Layout: q (B, S_q, H, D) (or packed (T_q, H, D) with cu_seqlens_q), out likewise, lse (B, H, S_q)
+// fp32 (any strides). K/V addressing is chosen at compile time (decode_kv_address.cuh).
+//
+// Work split:
+//   grid  = (row_tiles * num_splits, H_kv, B), block = 4 warps.
+//   rows  = the S_q * group query rows of one KV head, token-major (row r = token r / group, head
+//           r % group); a CTA owns 16 rows (one mma M tile), so all query heads of a GQA group and
+//           all S_q tokens share each K/V tile load.
+//   keys  = the CTA's visible key range is cut into num_splits chunks (split-KV, for small B*H_kv);
+//           inside a chunk, warp w takes 16-key tiles w, w+4, w+8, ... through its own cp.async
+//           pipeline (STAGES deep, no CTA barrier in the loop), keeps its own online-softmax state,
+//           and the four warp states are merged through shared memory at the end.
+//   out   = num_splits == 1: normalised output + lse written directly; else per-split (o, lse) go to
+//           an fp32 workspace merged by decode_combine_kernel.
+//
+// Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES.
+#include "primitives.cuh"
+#include "decode_kv_address.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef ELEM_BF16
+#define ELEM_BF16 1
+#endif
+#ifndef SOFTCAP
+#define SOFTCAP 0
+#endif
+#ifndef STAGES
+#define STAGES 3
+#endif
+
+namespace hfp {
+
+constexpr int kHeadDim = HEAD_DIM;
+constexpr int kWarps = 4;
+constexpr int kRows = 16;                       // one mma M tile of query rows per CTA
+constexpr int kTileKeys = 16;                   // keys per warp tile
+constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
+// XOR swizzle of 16-byte chunks by (row % 8) removes ldmatrix bank conflicts; only valid when a row
+// holds a multiple of 8 chunks (D = 64, 128, 256). D = 32 / 96 run unswizzled (correct, slower).
+constexpr bool kSwizzle = (kChunks % 8) == 0;
+constexpr int kTileElems = kTileKeys * kHeadDim;  // one K (or V) tile in shared memory
+constexpr int kStageElems = 2 * kTileElems;       // K tile then V tile
+
+using Traits = ElemTraits<ELEM_BF16 != 0>;
+using Elem = Traits::T;
+
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return kSwizzle ? (chunk ^ (row & 7)) : chunk;
+}
+// Element offset of (row, chunk) inside a [rows][HEAD_DIM] shared-memory tile.
+__device__ __forceinline__ int tile_offset(int row, int chunk) { return row * kHeadDim + swz(row, chunk) * 8; }
+
+struct DecodeParams {
+  const Elem* q;
+  long long q_stride_b, q_stride_s, q_stride_h;
+  const int* cu_seqlens_q;  // packed q (nullptr: q is (B, S_q, H, D))
+  int seqlen_q;             // S_q (packed: max tokens per sequence)
+  KvAddressT<Elem> kv;
+  Elem* out;
+  long long out_stride_b, out_stride_s, out_stride_h;
+  float* lse;
+  long long lse_stride_b, lse_stride_h, lse_stride_s;
+  float* o_part;    // (num_splits, B, S_q, H, D) fp32, used when num_splits > 1
+  float* lse_part;  // (num_splits, B, S_q, H) fp32
+  int batch, heads, kv_heads, num_splits, row_tiles;
+  float score_mul;    // no softcap: scale * log2(e); softcap: scale / softcap
+  float softcap_mul;  // softcap * log2(e)
+  int window_left, window_right;  // -1: unbounded
+};
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Per-sequence geometry shared by the split kernel and the combine kernel.
+__device__ __forceinline__ void sequence_queries(const DecodeParams& p, int b, int& q_begin, int& n_q) {
+  if (p.cu_seqlens_q != nullptr) {
+    q_begin = p.cu_seqlens_q[b];
+    n_q = min(p.cu_seqlens_q[b + 1] - q_begin, p.seqlen_q);
+  } else {
+    q_begin = 0;
+    n_q = p.seqlen_q;
+  }
+}
+
+__device__ __forceinline__ void decode_split(const DecodeParams& p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);           // [16][D]
+  Elem* smem_kv = smem_q + kRows * kHeadDim;                 // [warps][STAGES][K tile, V tile]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int row_tile = blockIdx.x % p.row_tiles, split = blockIdx.x / p.row_tiles;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+
+  int q_begin, n_q;
+  sequence_queries(p, b, q_begin, n_q);
+  const int seqlen_k = p.kv.seqlen(b);
+  const int first_row = row_tile * kRows;
+  if (first_row >= n_q * group) return;  // packed q: this sequence has fewer rows (combine skips them too)
+  const int rows_valid = min(kRows, n_q * group - first_row);
+
+  // Visible key range of the tile's rows (bottom-right aligned: token i sits at key i + L - n_q).
+  const int shift = seqlen_k - n_q;
+  const int pos_first = first_row / group + shift, pos_last = (first_row + rows_valid - 1) / group + shift;
+  int k_lo = p.window_left >= 0 ? max(0, pos_first - p.window_left) : 0;
+  int k_hi = p.window_right >= 0 ? min(seqlen_k, pos_last + p.window_right + 1) : seqlen_k;
+  k_hi = max(k_hi, k_lo);
+  // Split the range in chunks that are whole multiples of the CTA's 64-key stride.
+  const int span = k_hi - k_lo;
+  const int chunk = ((span + p.num_splits - 1) / p.num_splits + kWarps * kTileKeys - 1) / (kWarps * kTileKeys) *
+                    (kWarps * kTileKeys);
+  const int k_begin = min(k_hi, k_lo + split * chunk), k_end = min(k_hi, k_begin + chunk);
+
+  // ---- Q rows -> shared memory (zero for rows past the valid ones)
+  for (int c = threadIdx.x; c < kRows * kChunks; c += kWarps * 32) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const int row = first_row + r;
+    const bool valid = r < rows_valid;
+    const int tok = valid ? row / group : 0, head = kv_head * group + (valid ? row % group : 0);
+    const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.q_stride_b;
+    const Elem* src = p.q + batch_off + (long long)(q_begin + tok) * p.q_stride_s + (long long)head * p.q_stride_h + ch * 8;
+    cp_async_16(smem_addr(smem_q + tile_offset(r, ch)), src, valid);
+  }
+  cp_async_commit();  // group 0: Q (waited for before the loop, below)
+
+  // ---- per-warp pipelined loop over 16-key tiles
+  Elem* warp_kv = smem_kv + warp * STAGES * kStageElems;
+  const int n_tiles_cta = (k_end - k_begin + kTileKeys - 1) / kTileKeys;
+  const int n_tiles = n_tiles_cta > warp ? (n_tiles_cta - warp + kWarps - 1) / kWarps : 0;
+  // Lane -> (key within tile, first chunk): lanes l and l+16 load the two 16-byte halves of each
+  // 32-byte sector of one key row, so every sector is fetched whole.
+  const int load_key = lane % 16, load_chunk0 = lane / 16;
+
+  auto issue_tile = [&](int it) {
+    const int slot = it % STAGES;
+    if (it < n_tiles) {
+      const int key = k_begin + (warp + it * kWarps) * kTileKeys + load_key;
+      const bool valid = key < k_end;
+      long long k_off, v_off;
+      p.kv.locate(b, valid ? key : k_begin, k_off, v_off);
+      const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
+      const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
+      Elem* k_dst = warp_kv + slot * kStageElems;
+      Elem* v_dst = k_dst + kTileElems;
+#pragma unroll
+      for (int ch = load_chunk0; ch < kChunks; ch += 2) {
+        cp_async_16(smem_addr(k_dst + tile_offset(load_key, ch)), k_row + ch * 8, valid);
+        cp_async_16(smem_addr(v_dst + tile_offset(load_key, ch)), v_row + ch * 8, valid);
+      }
+    }
+    cp_async_commit();  // always commit: keeps the wait_group counting uniform
+  };
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue_tile(s);
+  cp_async_wait<STAGES - 1>();  // the Q group is complete (only the K/V prologue may be in flight)
+  __syncthreads();              // ... for every warp's view of shared Q
+
+  // mma fragment coordinates: lane = 4 * g + t; this thread holds rows g and g + 8.
+  const int g = lane / 4, t = lane % 4;
+  float o_acc[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // running max of scores (log2 domain) of rows g, g+8
+  float row_sum[2] = {0.f, 0.f};              // running sum of 2^(score - row_max)
+
+  // Per-row visible key bounds [lo, hi] (inclusive); rows past rows_valid see nothing.
+  int vis_lo[2], vis_hi[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + half * 8;
+    const int pos = (first_row + r) / group + shift;
+    vis_lo[half] = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
+    vis_hi[half] = p.window_right >= 0 ? min(seqlen_k - 1, pos + p.window_right) : seqlen_k - 1;
+    if (r >= rows_valid) vis_hi[half] = -1;
+  }
+
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<STAGES - 2>();
+    __syncwarp();  // every lane's copies of tile `it` landed; slot (it - 1) % STAGES is free again
+    issue_tile(it + STAGES - 1);
+
+    const Elem* k_tile = warp_kv + (it % STAGES) * kStageElems;
+    const Elem* v_tile = k_tile + kTileElems;
+
+    // S (16 rows x 16 keys) = Q K^T: two n8 blocks, HEAD_DIM / 16 k-steps.
+    float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4], kb[4];
+      {  // Q A-fragment: matrices (rows 0-7, c), (rows 8-15, c), (rows 0-7, c+1), (rows 8-15, c+1)
+        const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = kk * 2 + (mi >> 1);
+        ldmatrix_x4(a, smem_addr(smem_q + tile_offset(r, ch)));
+      }
+      {  // K B-fragments: (keys 0-7, c), (keys 0-7, c+1), (keys 8-15, c), (keys 8-15, c+1)
+        const int mi = lane / 8, r = (mi >> 1) * 8 + lane % 8, ch = kk * 2 + (mi & 1);
+        ldmatrix_x4(kb, smem_addr(k_tile + tile_offset(r, ch)));
+      }
+      const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+      mma_16816<ELEM_BF16 != 0>(s_acc[0], a, b0);
+      mma_16816<ELEM_BF16 != 0>(s_acc[1], a, b1);
+    }
+
+    // Scale (+ softcap) into the log2 domain, mask, online softmax update.
+    const int key0 = k_begin + (warp + it * kWarps) * kTileKeys;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int half = e / 2, key = key0 + nb * 8 + 2 * t + (e & 1);
+        float s = s_acc[nb][e] * p.score_mul;
+#if SOFTCAP
+        s = p.softcap_mul * tanh_approx(s);
+#endif
+        const bool visible = key >= vis_lo[half] && key <= vis_hi[half] && key < k_end;
+        s = visible ? s : -INFINITY;
+        s_acc[nb][e] = s;
+        tile_max[half] = fmaxf(tile_max[half], s);
+      }
+    }
+    float rescale[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float new_max = fmaxf(row_max[half], quad_max(tile_max[half]));
+      // A row with nothing visible so far keeps max -inf; use 0 as the exponent base so that
+      // exp2(-inf - 0) = 0 instead of NaN.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      rescale[half] = exp2f(row_max[half] - base);
+      row_max[half] = new_max;
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb) {
+        s_acc[nb][2 * half] = exp2f(s_acc[nb][2 * half] - base);
+        s_acc[nb][2 * half + 1] = exp2f(s_acc[nb][2 * half + 1] - base);
+        tile_sum += s_acc[nb][2 * half] + s_acc[nb][2 * half + 1];
+      }
+      row_sum[half] = row_sum[half] * rescale[half] + tile_sum;  // quad-partial; reduced at the end
+    }
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      o_acc[n][0] *= rescale[0];
+      o_acc[n][1] *= rescale[0];
+      o_acc[n][2] *= rescale[1];
+      o_acc[n][3] *= rescale[1];
+    }
+
+    // O (16 x D) += P (16 x 16 keys) V (16 keys x D). P's C-fragment is already the A layout.
+    uint32_t pa[4];
+    pa[0] = Traits::pack2(s_acc[0][0], s_acc[0][1]);
+    pa[1] = Traits::pack2(s_acc[0][2], s_acc[0][3]);
+    pa[2] = Traits::pack2(s_acc[1][0], s_acc[1][1]);
+    pa[3] = Traits::pack2(s_acc[1][2], s_acc[1][3]);
+#pragma unroll
+    for (int dc = 0; dc < kHeadDim / 16; ++dc) {
+      // V^T B-fragments: (keys 0-7, c), (keys 8-15, c), (keys 0-7, c+1), (keys 8-15, c+1), c = 2 * dc
+      uint32_t vb[4];
+      const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = dc * 2 + (mi >> 1);
+      ldmatrix_x4_trans(vb, smem_addr(v_tile + tile_offset(r, ch)));
+      const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+      mma_16816<ELEM_BF16 != 0>(o_acc[2 * dc], pa, b0);
+      mma_16816<ELEM_BF16 != 0>(o_acc[2 * dc + 1], pa, b1);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // all warps done with their pipelines: the K/V buffers can be reused for the merge
+
+  // ---- merge the four warp states through shared memory
+  // Region layout (fp32): o [warps][16][D], max [warps][16], sum [warps][16].
+  float* merge_o = reinterpret_cast<float*>(smem_kv);
+  float* merge_max = merge_o + kWarps * kRows * kHeadDim;
+  float* merge_sum = merge_max + kWarps * kRows;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) row_sum[half] = quad_sum(row_sum[half]);
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+    float* base = merge_o + warp * kRows * kHeadDim + n * 8 + 2 * t;
+    *reinterpret_cast<float2*>(base + g * kHeadDim) = make_float2(o_acc[n][0], o_acc[n][1]);
+    *reinterpret_cast<float2*>(base + (g + 8) * kHeadDim) = make_float2(o_acc[n][2], o_acc[n][3]);
+  }
+  if (t == 0) {
+    merge_max[warp * kRows + g] = row_max[0];
+    merge_max[warp * kRows + g + 8] = row_max[1];
+    merge_sum[warp * kRows + g] = row_sum[0];
+    merge_sum[warp * kRows + g + 8] = row_sum[1];
+  }
+  __syncthreads();
+
+  // Each thread finishes (row, 4 consecutive dims) pieces of the 16 x D output tile.
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int idx = threadIdx.x; idx < kRows * (kHeadDim / 4); idx += kWarps * 32) {
+    const int r = idx / (kHeadDim / 4), d = (idx % (kHeadDim / 4)) * 4;
+    if (r >= rows_valid) continue;
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, merge_max[w * kRows + r]);
+    const float base = m == -INFINITY ? 0.f : m;
+    float sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float f = exp2f(merge_max[w * kRows + r] - base);
+      sum += merge_sum[w * kRows + r] * f;
+      const float4 o = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+      acc.x += o.x * f, acc.y += o.y * f, acc.z += o.z * f, acc.w += o.w * f;
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows that see nothing: zeros, lse -inf
+    const float lse = sum > 0.f ? (m + log2f(sum)) * kLn2 : -INFINITY;
+    const int row = first_row + r, tok = row / group, head = kv_head * group + row % group;
+    if (p.num_splits == 1) {
+      const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.out_stride_b;
+      Elem* dst = p.out + batch_off + (long long)(q_begin + tok) * p.out_stride_s + (long long)head * p.out_stride_h + d;
+      uint2 packed;
+      packed.x = Traits::pack2(acc.x * inv, acc.y * inv);
+      packed.y = Traits::pack2(acc.z * inv, acc.w * inv);
+      *reinterpret_cast<uint2*>(dst) = packed;
+      if (d == 0) {
+        const long long lb = p.cu_seqlens_q ? 0 : (long long)b * p.lse_stride_b;
+        p.lse[lb + (long long)head * p.lse_stride_h + (long long)(q_begin + tok) * p.lse_stride_s] = lse;
+      }
+    } else {
+      // Workspace rows are (split, b, tok, head): tok < S_q in both the padded and packed forms.
+      const long long ws_row = (((long long)split * p.batch + b) * p.seqlen_q + tok) * p.heads + head;
+      *reinterpret_cast<float4*>(p.o_part + ws_row * kHeadDim + d) =
+          make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+      if (d == 0) p.lse_part[ws_row] = lse;
+    }
+  }
+}
+
+// Merge num_splits partial (o, lse) rows: one warp per (b, tok, head) output row.
+__device__ __forceinline__ void decode_combine(const DecodeParams& p) {
+  const int warp_global = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int total_rows = p.batch * p.seqlen_q * p.heads;
+  if (warp_global >= total_rows) return;
+  const int head = warp_global % p.heads, tok = (warp_global / p.heads) % p.seqlen_q;
+  const int b = warp_global / (p.heads * p.seqlen_q);
+  int q_begin, n_q;
+  sequence_queries(p, b, q_begin, n_q);
+  if (tok >= n_q) return;
+  const long long split_stride = (long long)p.batch * p.seqlen_q * p.heads;
+  const long long row0 = ((long long)b * p.seqlen_q + tok) * p.heads + head;
+  float m = -INFINITY;
+  for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.lse_part[row0 + s * split_stride]);
+  const float base = m == -INFINITY ? 0.f : m;
+  float weight_sum = 0.f;
+  for (int s = 0; s < p.num_splits; ++s) weight_sum += __expf(p.lse_part[row0 + s * split_stride] - base);
+  const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
+  const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.out_stride_b;
+  Elem* dst = p.out + batch_off + (long long)(q_begin + tok) * p.out_stride_s + (long long)head * p.out_stride_h;
+  for (int d = lane * 2; d < kHeadDim; d += 64) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int s = 0; s < p.num_splits; ++s) {
+      const long long row = row0 + s * split_stride;
+      const float w = __expf(p.lse_part[row] - base) * inv;
+      const float2 o = *reinterpret_cast<const float2*>(p.o_part + row * kHeadDim + d);
+      acc.x += w * o.x, acc.y += w * o.y;
+    }
+    *reinterpret_cast<uint32_t*>(dst + d) = Traits::pack2(acc.x, acc.y);
+  }
+  if (lane == 0) {
+    const long long lb = p.cu_seqlens_q ? 0 : (long long)b * p.lse_stride_b;
+    p.lse[lb + (long long)head * p.lse_stride_h + (long long)(q_begin + tok) * p.lse_stride_s] =
+        weight_sum > 0.f ? base + __logf(weight_sum) : -INFINITY;
+  }
+}
+
+}  // namespace hfp
+
+// Flat argument list (PyCUDA passes scalars and pointers, not structs); the Python launcher in
+// hf_flashpatch/kernels/decode.py builds the same list in the same order.
+#define HFP_DECODE_ARGS                                                                                   \
+  const Elem *q, long long q_sb, long long q_ss, long long q_sh, const int *cu_q, int seqlen_q,          \
+      const Elem *k, const Elem *v, long long ks0, long long ks1, long long ks2, long long vs0,           \
+      long long vs1, long long vs2, const int *seqlens, int default_seqlen, const void *index,           \
+      long long index_stride, int page_size, const int *cu_k, Elem *out, long long out_sb,              \
+      long long out_ss, long long out_sh, float *lse, long long lse_sb, long long lse_sh, long long lse_ss, \
+      float *o_part, float *lse_part, int batch, int heads, int kv_heads, int num_splits, int row_tiles,  \
+      float score_mul, float softcap_mul, int window_left, int window_right
+
+#define HFP_DECODE_PARAMS                                                                                 \
+  DecodeParams p{q, q_sb, q_ss, q_sh, cu_q, seqlen_q,                                                    \
+                 KvAddressT<Elem>{k, v, ks0, ks1, ks2, vs0, vs1, vs2, seqlens, default_seqlen, index,    \
+                                  index_stride, page_size, cu_k},                                        \
+                 out, out_sb, out_ss, out_sh, lse, lse_sb, lse_sh, lse_ss, o_part, lse_part, batch, heads, \
+                 kv_heads, num_splits, row_tiles, score_mul, softcap_mul, window_left, window_right}
+
+using hfp::Elem;
+using hfp::DecodeParams;
+using hfp::KvAddressT;
+
+extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32) hfp_decode_split(HFP_DECODE_ARGS) {
+  HFP_DECODE_PARAMS;
+  hfp::decode_split(p);
+}
+
+extern "C" __global__ void __launch_bounds__(128) hfp_decode_combine(HFP_DECODE_ARGS) {
+  HFP_DECODE_PARAMS;
+  hfp::decode_combine(p);
+}

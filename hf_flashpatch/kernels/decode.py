@@ -1,0 +1,408 @@
+"""Split-KV decode over a contiguous, paged (block table) or slot-indexed KV cache (``cuda/decode.cu``).
+
+Layout: q ``(B, S_q, H, D)`` (few query tokens: 1 for decoding, a handful for speculative decoding),
+caches as described on each function; ``out (B, S_q, H, D)`` in q's dtype, ``lse (B, H, S_q)`` fp32
+(natural log, ``-inf`` and zero output for rows that see no key). Causal is bottom-right aligned.
+
+One CUDA kernel template serves all three cache forms (the K/V row addressing is a compile-time
+switch, ``cuda/decode_kv_address.cuh``). A CTA owns 16 query rows (``S_q x group`` heads of one KV
+head), so each K/V tile is loaded once for the whole GQA group; the key range is cut into
+``num_splits`` chunks when ``B * H_kv`` CTAs would leave SMs idle, and a combine kernel merges the
+per-split ``(o, lse)``. Each launcher is a ``torch.library.custom_op`` with a fake implementation,
+so ``torch.compile`` and CUDA-graph capture see an opaque, shape-known op.
+
+Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims other than
+32/64/96/128/256 (64 and 128 are the tuned ones), more than 64 query rows per KV head
+(``S_q * group``: the forward kernel is the better tool), a last dim that is not contiguous or rows
+that are not 16-byte aligned (the caches are never copied).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import KernelUnsupported
+from .build import KernelBuild, device_arch, get_kernel
+
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+MAX_ROWS_PER_KV_HEAD = 64  # S_q * group above this goes to the forward kernel
+ROWS_PER_CTA = 16  # one mma M tile (cuda/decode.cu kRows)
+WARPS = 4
+TILE_KEYS = 16
+MIN_KEYS_PER_SPLIT = 256
+
+ADDRESSING = {"contiguous": 0, "block_table": 1, "slot": 2}
+
+# Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
+_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPiPqiP" + "PqqqPqqqPP" + "iiiiiffii"
+_APPEND_ARG_TYPES = "PPqqqqPPqqqqPiii"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Compile-time parameters of one decode kernel variant (the compile-cache key)."""
+
+    head_dim: int
+    bf16: bool
+    addressing: str  # "contiguous" | "block_table" | "slot"
+    softcap: bool
+    stages: int = 3  # cp.async pipeline depth per warp
+
+    def build(self, arch: str = "sm_90a") -> KernelBuild:
+        defines = (
+            ("HEAD_DIM", str(self.head_dim)),
+            ("ELEM_BF16", str(int(self.bf16))),
+            ("KV_ADDRESSING", str(ADDRESSING[self.addressing])),
+            ("SOFTCAP", str(int(self.softcap))),
+            ("STAGES", str(self.stages)),
+        )
+        return KernelBuild("decode.cu", defines, arch)
+
+    @property
+    def shared_bytes(self) -> int:
+        # Q tile [16][D] + per warp STAGES x (K tile, V tile) of [16][D], 2-byte elements.
+        return 2 * (ROWS_PER_CTA * self.head_dim + WARPS * self.stages * 2 * TILE_KEYS * self.head_dim)
+
+
+KV_APPEND_BUILD = KernelBuild("kv_append.cu")
+
+
+def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
+    """Every decode variant the launchers can request (for the CI compile check), plus kv_append."""
+    builds = [
+        DecodeConfig(d, bf16, addressing, softcap).build(arch)
+        for d in SUPPORTED_HEAD_DIMS
+        for bf16 in (True, False)
+        for addressing in ADDRESSING
+        for softcap in (False, True)
+    ]
+    return builds + [KernelBuild("kv_append.cu", (), arch)]
+
+
+# ------------------------------------------------------------------------------------ heuristics
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def ctas_per_sm(config: DecodeConfig) -> int:
+    """Resident CTAs per SM: shared memory bound (228 KB/SM, 1 KB reserved per CTA), at most 4."""
+    return max(1, min(4, (228 * 1024) // (config.shared_bytes + 1024)))
+
+
+def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int) -> int:
+    """Split-KV factor. Already a full wave of CTAs: 1 (splitting only adds the combine pass).
+    Otherwise the smallest split whose wave efficiency (CTAs / slots of the last wave) is within 5%
+    of the best reachable, with at least ``MIN_KEYS_PER_SPLIT`` keys per split so the per-warp
+    pipelines have a few tiles each."""
+    slots = sm_count * resident_per_sm
+    if ctas >= slots:
+        return 1
+    max_splits = max(1, min(64, typical_keys // MIN_KEYS_PER_SPLIT))
+
+    def efficiency(s: int) -> float:
+        n = ctas * s
+        return n / (math.ceil(n / slots) * slots)
+
+    best = max(efficiency(s) for s in range(1, max_splits + 1))
+    return next(s for s in range(1, max_splits + 1) if efficiency(s) >= 0.95 * best)
+
+
+# ------------------------------------------------------------------------------------ checks
+
+
+def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, kv_heads: int, seqlen_q: int):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise KernelUnsupported(f"decode kernel needs fp16/bf16, got {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise KernelUnsupported(f"decode kernel needs one dtype for q/k/v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    head_dim = q.shape[-1]
+    if head_dim not in SUPPORTED_HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise KernelUnsupported(
+            f"decode kernel serves head dims {SUPPORTED_HEAD_DIMS}, got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    group = heads // kv_heads
+    if seqlen_q * group > MAX_ROWS_PER_KV_HEAD:
+        raise KernelUnsupported(
+            f"decode kernel serves S_q * group <= {MAX_ROWS_PER_KV_HEAD}, got S_q={seqlen_q}, group={group}"
+        )
+    for name, t in (("k", k), ("v", v)):
+        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]):
+            raise KernelUnsupported(
+                f"decode kernel needs {name} with a contiguous last dim and 16-byte aligned rows, got strides "
+                f"{t.stride()} for shape {tuple(t.shape)}"
+            )
+        if not torch.compiler.is_compiling() and t.data_ptr() % 16:
+            raise KernelUnsupported(f"decode kernel needs a 16-byte aligned {name}, got address {t.data_ptr():#x}")
+
+
+def _aligned_q(q: torch.Tensor) -> torch.Tensor:
+    """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed)."""
+    misaligned = not torch.compiler.is_compiling() and q.data_ptr() % 16
+    if misaligned or q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]):
+        return q.contiguous()
+    return q
+
+
+def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    log2e = 1.4426950408889634
+    if softcap:
+        return scale / softcap, softcap * log2e
+    return scale * log2e, 0.0
+
+
+# ------------------------------------------------------------------------------------ launcher
+
+
+def _launch(
+    *, addressing, q, q_strides, cu_q, seqlen_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
+    index_stride, page_size, cu_k, out, out_strides, lse, lse_strides, batch, heads, kv_heads, typical_keys,
+    softmax_scale, softcap, window_left, window_right,
+):  # fmt: skip
+    """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
+    config = DecodeConfig(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap))
+    build = config.build(device_arch(q.device))
+    split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, q.device)
+    group = heads // kv_heads
+    row_tiles = -(-seqlen_q * group // ROWS_PER_CTA)
+    ctas = row_tiles * kv_heads * batch
+    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config))
+    o_part = lse_part = None
+    if num_splits > 1:
+        o_part = torch.empty(num_splits, batch, seqlen_q, heads, q.shape[-1], device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(num_splits, batch, seqlen_q, heads, device=q.device, dtype=torch.float32)
+    score_mul, softcap_mul = _scales(q.shape[-1], softmax_scale, softcap)
+    args = (
+        q, *q_strides, cu_q, seqlen_q,
+        k, v, *k_strides, *v_strides, seqlens, default_seqlen, index, index_stride, page_size, cu_k,
+        out, *out_strides, lse, *lse_strides, o_part, lse_part,
+        batch, heads, kv_heads, num_splits, row_tiles, score_mul, softcap_mul, window_left, window_right,
+    )  # fmt: skip
+    tensors = [t for t in (q, cu_q, k, v, seqlens, index, cu_k, out, lse, o_part, lse_part) if t is not None]
+    split_kernel(
+        (row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), *args,
+        shared_bytes=config.shared_bytes, tensors=tensors,
+    )  # fmt: skip
+    if num_splits > 1:
+        combine = get_kernel(build, "hfp_decode_combine", _DECODE_ARG_TYPES, q.device)
+        rows = batch * seqlen_q * heads
+        combine((-(-rows // 4), 1, 1), (128, 1, 1), *args, tensors=tensors)
+
+
+# ------------------------------------------------------------------------------------ custom ops
+
+
+@torch.library.custom_op("hf_flashpatch::decode", mutates_args=())
+def _decode_op(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
+    softmax_scale: float, window_left: int, window_right: int, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
+    out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
+    lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
+    _launch(
+        addressing="contiguous", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q,
+        k=k_cache, v=v_cache, k_strides=k_cache.stride()[:3], v_strides=v_cache.stride()[:3],
+        seqlens=cache_seqlens, default_seqlen=k_cache.shape[1], index=None, index_stride=0, page_size=1, cu_k=None,
+        out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(), batch=batch, heads=heads,
+        kv_heads=kv_heads, typical_keys=k_cache.shape[1], softmax_scale=softmax_scale, softcap=softcap,
+        window_left=window_left, window_right=window_right,
+    )  # fmt: skip
+    return out, lse
+
+
+def _fake_batched(q: torch.Tensor, *_args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes of a batched decode: out ``(B, S_q, H, D)`` contiguous, lse ``(B, H, S_q)`` fp32."""
+    batch, seqlen_q, heads, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        batch, heads, seqlen_q, dtype=torch.float32
+    )
+
+
+_decode_op.register_fake(_fake_batched)
+
+
+@torch.library.custom_op("hf_flashpatch::paged_decode", mutates_args=())
+def _paged_decode_op(
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor, seqlens_k: torch.Tensor,
+    softmax_scale: float, window_left: int, window_right: int, softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    batch, seqlen_q, heads, head_dim = q.shape
+    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
+    lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
+    _launch(
+        addressing="block_table", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q,
+        k=k_pages, v=v_pages, k_strides=k_pages.stride()[:3], v_strides=v_pages.stride()[:3],
+        seqlens=seqlens_k, default_seqlen=0, index=page_table, index_stride=page_table.stride(0),
+        page_size=page_size, cu_k=None, out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(),
+        batch=batch, heads=heads, kv_heads=kv_heads, typical_keys=page_table.shape[1] * page_size,
+        softmax_scale=softmax_scale, softcap=softcap, window_left=window_left, window_right=window_right,
+    )  # fmt: skip
+    return out, lse
+
+
+_paged_decode_op.register_fake(_fake_batched)
+
+
+@torch.library.custom_op("hf_flashpatch::slot_decode", mutates_args=())
+def _slot_decode_op(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, softmax_scale: float, window_left: int, window_right: int,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Packed form: q ``(T_q, H, D)``; sequence b owns q rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
+    (at most ``max_seqlen_q``) and keys ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Rows outside
+    every sequence get zeros / ``-inf``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
+    total_q, heads, head_dim = q.shape
+    kv_heads = k_pool.shape[1]
+    batch = cu_seqlens_k.shape[0] - 1
+    out = torch.zeros(total_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (T_q, H, D)
+    lse = torch.full((heads, total_q), float("-inf"), device=q.device, dtype=torch.float32)  # (H, T_q)
+    if total_q == 0 or batch == 0:
+        return out, lse
+    _launch(
+        addressing="slot", q=q, q_strides=(0, q.stride(0), q.stride(1)), cu_q=cu_seqlens_q, seqlen_q=max_seqlen_q,
+        k=k_pool, v=v_pool, k_strides=(0, k_pool.stride(0), k_pool.stride(1)),
+        v_strides=(0, v_pool.stride(0), v_pool.stride(1)), seqlens=None, default_seqlen=0, index=slots,
+        index_stride=0, page_size=1, cu_k=cu_seqlens_k, out=out, out_strides=(0, out.stride(0), out.stride(1)),
+        lse=lse, lse_strides=(0, lse.stride(0), lse.stride(1)), batch=batch, heads=heads, kv_heads=kv_heads,
+        typical_keys=max(1, slots.shape[0] // batch), softmax_scale=softmax_scale, softcap=softcap,
+        window_left=window_left, window_right=window_right,
+    )  # fmt: skip
+    return out, lse
+
+
+@_slot_decode_op.register_fake
+def _(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
+      softcap):  # fmt: skip
+    total_q, heads, _ = q.shape
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
+        heads, total_q, dtype=torch.float32
+    )
+
+
+@torch.library.custom_op("hf_flashpatch::kv_append", mutates_args=("k_pool", "v_pool"))
+def _kv_append_op(
+    k_new: torch.Tensor, v_new: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """``k_pool[slots[t]] = k_new[t]`` (and V): new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)``,
+    slots int64 ``(T,)``, negative = skip."""
+    num_tokens, kv_heads, head_dim = k_new.shape
+    if num_tokens == 0:
+        return
+    kernel = get_kernel(
+        KernelBuild("kv_append.cu", (), device_arch(k_new.device)), "hfp_kv_append", _APPEND_ARG_TYPES, k_new.device
+    )
+    chunk = 8  # elements per 16-byte chunk (2-byte dtypes)
+    row_chunks = head_dim // chunk
+    total = num_tokens * kv_heads * row_chunks
+    blocks = max(1, min(-(-total // 256), 4 * _sm_count(k_new.device.index or 0)))
+    kernel(
+        (blocks, 1, 1), (256, 1, 1),
+        k_new, v_new, k_new.stride(0) // chunk, k_new.stride(1) // chunk, v_new.stride(0) // chunk,
+        v_new.stride(1) // chunk, k_pool, v_pool, k_pool.stride(0) // chunk, k_pool.stride(1) // chunk,
+        v_pool.stride(0) // chunk, v_pool.stride(1) // chunk, slots, num_tokens, kv_heads, row_chunks,
+        tensors=(k_new, v_new, k_pool, v_pool, slots),
+    )  # fmt: skip
+
+
+@_kv_append_op.register_fake
+def _(k_new, v_new, k_pool, v_pool, slots):
+    return None
+
+
+# ------------------------------------------------------------------------------------ public functions
+
+
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale, window_left, window_right, softcap):
+    """Contiguous cache. q ``(B, S_q, H, D)``; k/v cache ``(B, S_cache, H_kv, D)`` with any strides
+    (last dim contiguous; a transformers ``(B, H_kv, S, D)`` cache passed as ``.transpose(1, 2)`` is
+    read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache). ``causal`` is already folded
+    into ``window_right`` (0) by the caller. Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``."""
+    del causal  # expressed by window_right
+    batch, seqlen_q, heads, _ = q.shape
+    kv_heads = k_cache.shape[2]
+    _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
+    if cache_seqlens is not None:
+        cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    return _decode_op(
+        _aligned_q(q), k_cache, v_cache, cache_seqlens, _scale_or_default(q, softmax_scale),
+        int(window_left), int(window_right), float(softcap or 0.0),
+    )  # fmt: skip
+
+
+def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, softmax_scale, window_left,
+                         window_right, softcap):  # fmt: skip
+    """Block-table pool. q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)`` (any page
+    size); ``page_table`` int32 ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``."""
+    del causal
+    batch, seqlen_q, heads, _ = q.shape
+    _check_common(q, k_pages, v_pages, heads, k_pages.shape[2], seqlen_q)
+    page_table = page_table.to(device=q.device, dtype=torch.int32)
+    if page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()
+    seqlens_k = seqlens_k.to(device=q.device, dtype=torch.int32).contiguous()
+    return _paged_decode_op(
+        _aligned_q(q), k_pages, v_pages, page_table, seqlens_k, _scale_or_default(q, softmax_scale),
+        int(window_left), int(window_right), float(softcap or 0.0),
+    )  # fmt: skip
+
+
+def slot_decode_forward(q, k_pool, v_pool, slots, cu_seqlens_k, *, causal, softmax_scale, window_left, window_right,
+                        softcap):  # fmt: skip
+    """Slot pool. q ``(B, S_q, H, D)``; pools ``(num_slots, H_kv, D)``; ``slots`` int32/int64
+    ``(total_k,)`` (physical slot of each logical token); ``cu_seqlens_k (B + 1,)``."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
+    out, lse = slot_varlen_forward(
+        q.reshape(batch * seqlen_q, heads, head_dim), k_pool, v_pool, slots, cu_q, cu_seqlens_k, seqlen_q,
+        causal=causal, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+        softcap=softcap,
+    )  # fmt: skip
+    # (T_q, H, D) -> (B, S_q, H, D); lse (H, T_q) -> (B, H, S_q)
+    return out.view(batch, seqlen_q, heads, head_dim), lse.view(heads, batch, seqlen_q).transpose(0, 1).contiguous()
+
+
+def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal, softmax_scale,
+                        window_left, window_right, softcap):  # fmt: skip
+    """Packed slot form (continuous batching): q ``(T_q, H, D)``, sequence b owns q rows
+    ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``<= max_seqlen_q``, a host int) and keys
+    ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
+    del causal
+    heads = q.shape[1]
+    _check_common(q, k_pool, v_pool, heads, k_pool.shape[1], int(max_seqlen_q))
+    slots = slots.to(device=q.device, dtype=torch.int64).contiguous()
+    return _slot_decode_op(
+        _aligned_q(q), k_pool, v_pool, slots, cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous(),
+        cu_seqlens_k.to(device=q.device, dtype=torch.int32).contiguous(), int(max_seqlen_q),
+        _scale_or_default(q, softmax_scale), int(window_left), int(window_right), float(softcap or 0.0),
+    )  # fmt: skip
+
+
+def kv_append(k_new, v_new, k_pool, v_pool, slots) -> None:
+    """Write new rows into a pool in place: ``k_pool[slots[t]] = k_new[t]`` (and V).
+
+    new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)`` (a block pool ``(pages, page_size, H_kv, D)``
+    flattened), slots int ``(T,)`` (negative: skip). Same dtype; rows 16-byte aligned."""
+    if k_new.dtype not in (torch.float16, torch.bfloat16) or k_pool.dtype != k_new.dtype:
+        raise KernelUnsupported(f"kv_append needs fp16/bf16 of one dtype, got {k_new.dtype} into {k_pool.dtype}")
+    for name, t in (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool)):
+        misaligned = not torch.compiler.is_compiling() and t.data_ptr() % 16
+        if misaligned or t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]) or t.shape[-1] % 8:
+            raise KernelUnsupported(
+                f"kv_append needs 16-byte aligned rows of {name}, got strides {t.stride()} shape {tuple(t.shape)}"
+            )
+    _kv_append_op(k_new, v_new, k_pool, v_pool, slots.to(device=k_new.device, dtype=torch.int64).contiguous())
+
+
+def _scale_or_default(q: torch.Tensor, softmax_scale) -> float:
+    return float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
