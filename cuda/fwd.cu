@@ -1,0 +1,287 @@
+// hf_flashpatch: FlashAttention-2 style forward kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// Layout: q (B, S_q, H, D), k/v (B, S_k, H_kv, D) with arbitrary batch/seq/head strides (the head
+// dim is contiguous); varlen packs sequences along the token axis and passes cu_seqlens. out has
+// q's layout (strides passed), lse is (B, H, S_q) or, varlen, (H, T_q), fp32 natural log.
+//
+// One CTA computes BLOCK_M packed rows of one (kv head, batch) pair: packed row p is query
+// position p / group of query head kv_head * group + p % group, so every K/V tile is loaded once
+// for the whole GQA group. Warp w owns rows [16 * MT * w, 16 * MT * (w + 1)) of the tile.
+//
+// Per key tile (walked from the last visible tile down, so the masked diagonal tiles come first):
+//   S = Q K^T (fp32 accumulators) -> optional tanh soft-cap -> mask (only on boundary tiles)
+//   -> online softmax in base 2 (scale folded into scale_log2) -> P converted in registers to the
+//   A operand of O += P V (no shared-memory round trip).
+// K/V tiles stream through a KV_STAGES-deep cp.async ring; the next tile's copy overlaps this one's math.
+//
+// Compile-time configuration (-D, produced by ForwardConfig in hf_flashpatch/kernels/forward.py):
+//   HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, KV_STAGES, Q_IN_REGS, CTAS_PER_SM, ELEM_BF16, HAS_MASK
+//   (HAS_MASK = 0 compiles out causal / sliding-window masking; the key-length bound is always kept).
+#include "fwd_softmax.cuh"
+#include "fwd_tile_io.cuh"
+#include "primitives.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+
+namespace {
+
+using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
+using Elem = Traits::T;
+using Layout = hfp::fwd::TileLayout<HEAD_DIM>;
+
+constexpr int kThreads = NUM_WARPS * 32;
+constexpr int kMT = BLOCK_M / (16 * NUM_WARPS);  // 16-row m-tiles per warp
+constexpr int kNT = BLOCK_N / 8;                 // 8-key n-tiles of S per tile
+constexpr int kOT = HEAD_DIM / 8;                // 8-column n-tiles of O
+constexpr int kKSteps = HEAD_DIM / 16;           // k-steps of Q K^T
+constexpr bool kBf16 = ELEM_BF16 != 0;
+static_assert(BLOCK_M % (16 * NUM_WARPS) == 0 && kMT >= 1, "BLOCK_M must be a multiple of 16 * NUM_WARPS");
+static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "BLOCK_N and HEAD_DIM must be multiples of 16");
+static_assert(KV_STAGES >= 2, "the K/V ring needs at least two stages");
+
+constexpr int kQTileElems = BLOCK_M * Layout::kRowStride;
+constexpr int kKVTileElems = BLOCK_N * Layout::kRowStride;
+
+}  // namespace
+
+__device__ __forceinline__ int fresh_thread_index() {
+  int index;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
+  return index;
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(
+    const Elem* __restrict__ q, const Elem* __restrict__ k, const Elem* __restrict__ v, Elem* __restrict__ out,
+    float* __restrict__ lse, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+    int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,
+    int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,
+    int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,
+    int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left,
+    int window_right, float scale_log2, float softcap_pre_scale) {
+  using namespace hfp;
+  using namespace hfp::fwd;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (BLOCK_M, row stride); later the output staging tile
+  Elem* smem_k = smem_q + kQTileElems;                // (KV_STAGES, BLOCK_N, row stride)
+  Elem* smem_v = smem_k + KV_STAGES * kKVTileElems;   // (KV_STAGES, BLOCK_N, row stride)
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  // Masked (causal / window) problems: the last query tiles see the most keys; launch them first.
+  const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+
+  // ---- sequence bounds (varlen: token offsets from cu_seqlens, batch strides unused)
+  int64_t q_token0 = 0, k_token0 = 0;
+  if (cu_seqlens_q != nullptr) {
+    q_token0 = cu_seqlens_q[batch];
+    k_token0 = cu_seqlens_k[batch];
+    seqlen_q = cu_seqlens_q[batch + 1] - q_token0;
+    seqlen_k = cu_seqlens_k[batch + 1] - k_token0;
+  }
+  const int packed_rows = seqlen_q * group;
+  const int p0 = m_block * BLOCK_M;
+  if (p0 >= packed_rows) return;
+  const int offset = seqlen_k - seqlen_q;  // bottom-right alignment: query i sits at key i + offset
+#if HAS_MASK
+  const int left = window_left, right = window_right;
+#else
+  const int left = -1, right = -1;
+#endif
+
+  const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
+  const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
+  const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+
+  // ---- key tiles this query tile can see: the union of its rows' visible ranges
+  const int pos_first = p0 / group;
+  const int pos_last = (min(p0 + BLOCK_M, packed_rows) - 1) / group;
+  const RowKeyRange tile_first = row_key_range(pos_first, offset, seqlen_k, left, right);
+  const RowKeyRange tile_last = row_key_range(pos_last, offset, seqlen_k, left, right);
+  const int key_lo = tile_first.lo, key_hi = tile_last.hi;
+  const int n_block_min = key_lo / BLOCK_N;
+  const int n_block_max = key_hi > key_lo ? (key_hi + BLOCK_N - 1) / BLOCK_N : n_block_min;
+  const int num_tiles = n_block_max - n_block_min;
+
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = warp * 16 * kMT;
+
+  // ---- prologue: Q and the first KV_STAGES - 1 key tiles in flight
+  load_q_tile<HEAD_DIM, BLOCK_M, kThreads>(smem_q, q_base, q_seq_stride, q_head_stride, p0, packed_rows, group, tid);
+#pragma unroll
+  for (int s = 0; s < KV_STAGES - 1; ++s) {
+    if (s < num_tiles) {
+      const int key0 = (n_block_max - 1 - s) * BLOCK_N;
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + s * kKVTileElems, k_base, k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + s * kKVTileElems, v_base, v_seq_stride, key0, seqlen_k, tid);
+    }
+    cp_async_commit();  // one group per stage, empty or not, so the wait counts stay uniform
+  }
+
+  float acc_o[kMT][kOT][4];  // (MT, O n-tiles, C fragment) unnormalised output rows
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int ot = 0; ot < kOT; ++ot)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][ot][e] = 0.f;
+  OnlineSoftmax<kMT> softmax;
+  softmax.init();
+
+#if Q_IN_REGS
+  uint32_t q_frag[kMT][kKSteps][4];  // (MT, k-steps, A fragment): this warp's Q rows, loaded once
+#endif
+
+  for (int i = 0; i < num_tiles; ++i) {
+    const int n_block = n_block_max - 1 - i;
+    const int key0 = n_block * BLOCK_N;
+    cp_async_wait<KV_STAGES - 2>();
+    __syncthreads();  // tile i landed for every thread; every warp is done with tile i - 1's buffer
+    {
+      const int ahead = i + KV_STAGES - 1;
+      if (ahead < num_tiles) {
+        const int slot = ahead % KV_STAGES;
+        const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, k_base, k_seq_stride, ahead_key0,
+                                                  seqlen_k, tid);
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, v_base, v_seq_stride, ahead_key0,
+                                                  seqlen_k, tid);
+      }
+      cp_async_commit();
+    }
+    const Elem* tile_k = smem_k + (i % KV_STAGES) * kKVTileElems;
+    const Elem* tile_v = smem_v + (i % KV_STAGES) * kKVTileElems;
+
+#if Q_IN_REGS
+    if (i == 0) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < kKSteps; ++ks)
+          load_a_frag<HEAD_DIM>(q_frag[mt][ks], smem_q, warp_row0 + mt * 16, ks * 16, lane);
+    }
+#endif
+
+    // ---- S = Q K^T   (MT, NT, 4)
+    float scores[kMT][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) scores[mt][nt][e] = 0.f;
+    // With Q in shared memory the k-step loop stays rolled: unrolled, ptxas hoists every K fragment
+    // load of the tile ahead of the MMAs and runs out of registers.
+#if Q_IN_REGS
+#pragma unroll
+#else
+#pragma unroll 1
+#endif
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#if Q_IN_REGS
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][ks][e];
+#else
+        load_a_frag<HEAD_DIM>(a[mt], smem_q, warp_row0 + mt * 16, ks * 16, lane);
+#endif
+      }
+#pragma unroll
+      for (int np = 0; np < kNT / 2; ++np) {
+        uint32_t b[4];
+        load_k_frag<HEAD_DIM>(b, tile_k, np * 16, ks * 16, lane);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<kBf16>(scores[mt][2 * np], a[mt], b_lo);
+          mma_16816<kBf16>(scores[mt][2 * np + 1], a[mt], b_hi);
+        }
+      }
+    }
+
+    // ---- soft-cap, mask, online softmax
+    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    const bool tile_needs_mask =
+        key0 + BLOCK_N > seqlen_k ||
+        (HAS_MASK && ((left >= 0 && key0 < pos_last + offset - left) ||
+                      (right >= 0 && key0 + BLOCK_N - 1 > pos_first + offset + right)));
+    if (tile_needs_mask)
+      apply_mask(scores, key0 + 2 * t, p0 + warp_row0 + g, group, offset, seqlen_k, left, right);
+    softmax.update(scores, acc_o, scale_log2);
+
+    // ---- O += P V, P taken straight from the score accumulators (C layout == A layout pairs)
+#pragma unroll
+    for (int ks = 0; ks < BLOCK_N / 16; ++ks) {
+      uint32_t p[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        p[mt][0] = Traits::pack2(scores[mt][2 * ks][0], scores[mt][2 * ks][1]);
+        p[mt][1] = Traits::pack2(scores[mt][2 * ks][2], scores[mt][2 * ks][3]);
+        p[mt][2] = Traits::pack2(scores[mt][2 * ks + 1][0], scores[mt][2 * ks + 1][1]);
+        p[mt][3] = Traits::pack2(scores[mt][2 * ks + 1][2], scores[mt][2 * ks + 1][3]);
+      }
+#pragma unroll
+      for (int op = 0; op < kOT / 2; ++op) {
+        uint32_t b[4];
+        load_v_frag<HEAD_DIM>(b, tile_v, ks * 16, op * 16, lane);
+        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_16816<kBf16>(acc_o[mt][2 * op], p[mt], b_lo);
+          mma_16816<kBf16>(acc_o[mt][2 * op + 1], p[mt], b_hi);
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: normalise, LSE, stage the tile in shared memory, 16-byte coalesced stores
+  float inv_sum[kMT][2], row_lse[kMT][2];
+  softmax.finalize(inv_sum, row_lse, scale_log2);
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading Q / K / V shared memory
+  Elem* smem_o = smem_q;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + mt * 16 + h * 8 + g;
+#pragma unroll
+      for (int ot = 0; ot < kOT; ++ot) {
+        const uint32_t packed2 =
+            Traits::pack2(acc_o[mt][ot][2 * h] * inv_sum[mt][h], acc_o[mt][ot][2 * h + 1] * inv_sum[mt][h]);
+        *reinterpret_cast<uint32_t*>(smem_o + row * Layout::kRowStride + ot * 8 + 2 * t) = packed2;
+      }
+      const int packed = p0 + row;
+      if (t == 0 && packed < packed_rows) {
+        const int pos = packed / group;
+        const int head = kv_head * group + (packed - pos * group);
+        lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[mt][h];
+      }
+    }
+  __syncthreads();
+  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
+  constexpr int kOutChunks = BLOCK_M * Layout::kChunksPerRow;
+  // The store loop maps chunks to (position, head) exactly as the Q load did; a fresh read of the
+  // thread index stops the compiler from keeping those addresses alive (and spilled) across the loop.
+  const int store_tid = fresh_thread_index();
+#pragma unroll
+  for (int i = 0; i < (kOutChunks + kThreads - 1) / kThreads; ++i) {
+    const int chunk = store_tid + i * kThreads;
+    if (kOutChunks % kThreads != 0 && chunk >= kOutChunks) break;
+    const int row = chunk / Layout::kChunksPerRow;
+    const int col = (chunk % Layout::kChunksPerRow) * 8;
+    const int packed = p0 + row;
+    if (packed < packed_rows) {
+      const int pos = packed / group;
+      const int head = packed - pos * group;
+      *reinterpret_cast<uint4*>(o_base + pos * o_seq_stride + head * o_head_stride + col) =
+          *reinterpret_cast<const uint4*>(smem_o + row * Layout::kRowStride + col);
+    }
+  }
+}

@@ -1,0 +1,143 @@
+// hf_flashpatch forward: the online-softmax state of the query rows one thread holds, and the
+// score transforms applied before it (soft-capping, causal / sliding-window / key-range masking).
+//
+// Fragment ownership (mma.sync m16n8k16 C layout, lane = 4 * g + t): in every 16-row m-tile a
+// thread holds rows g and g + 8, columns 2t and 2t + 1 of every 8-column n-tile. Each thread
+// therefore carries the state of 2 * MT rows; the 4 lanes of a quad share a row and combine their
+// partial maxima with quad shuffles.
+#pragma once
+#include "primitives.cuh"
+
+namespace hfp {
+namespace fwd {
+
+constexpr float kNegInf = -__builtin_huge_valf();
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Visibility of keys for one query row, in key coordinates (bottom-right aligned, see
+// hf_flashpatch/reference/masks.py): key j is visible iff lo <= j < hi.
+struct RowKeyRange {
+  int lo;  // first visible key: max(0, pos + offset - left), or 0 when left is unbounded
+  int hi;  // one past the last visible key: min(seqlen_k, pos + offset + right + 1)
+};
+
+__device__ __forceinline__ RowKeyRange row_key_range(int pos, int offset, int seqlen_k, int left, int right) {
+  RowKeyRange r;
+  r.lo = left >= 0 ? max(0, pos + offset - left) : 0;
+  r.hi = right >= 0 ? min(seqlen_k, pos + offset + right + 1) : seqlen_k;
+  return r;
+}
+
+// Online softmax over the key tiles of 2 * MT rows, in base 2.
+// Invariants after each tile, per row:
+//   row_max: the largest raw score seen so far (already soft-capped), -inf if no key seen yet;
+//   row_sum: this thread's partial sum of exp2(score * scale_log2 - row_max * scale_log2) over the
+//            keys it holds (the quad's four partial sums add up to the row's denominator);
+//   the output accumulator rows are scaled consistently with row_sum (unnormalised).
+template <int MT>
+struct OnlineSoftmax {
+  float row_max[MT][2];
+  float row_sum[MT][2];
+
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_max[mt][h] = kNegInf;
+        row_sum[mt][h] = 0.f;
+      }
+    }
+  }
+
+  // scores: (MT, NT, 4) raw scores of one key tile, masked entries -inf. Overwrites them with the
+  // unnormalised probabilities and rescales acc_o (MT, OT, 4) for the new running maxima.
+  template <int NT, int OT>
+  __device__ __forceinline__ void update(float (&scores)[MT][NT][4], float (&acc_o)[MT][OT][4], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = row_max[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          tile_max = fmaxf(tile_max, fmaxf(scores[mt][nt][2 * h], scores[mt][nt][2 * h + 1]));
+        }
+        tile_max = quad_max(tile_max);
+        // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
+        // exp2(-inf - 0) = 0 and avoids (-inf) - (-inf) = NaN.
+        const float max_scaled = tile_max == kNegInf ? 0.f : tile_max * scale_log2;
+        const float correction = exp2f(row_max[mt][h] * scale_log2 - max_scaled);
+        row_max[mt][h] = tile_max;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float p = exp2f(fmaf(scores[mt][nt][2 * h + e], scale_log2, -max_scaled));
+            scores[mt][nt][2 * h + e] = p;
+            sum += p;
+          }
+        }
+        row_sum[mt][h] = fmaf(row_sum[mt][h], correction, sum);
+#pragma unroll
+        for (int ot = 0; ot < OT; ++ot) {
+          acc_o[mt][ot][2 * h] *= correction;
+          acc_o[mt][ot][2 * h + 1] *= correction;
+        }
+      }
+    }
+  }
+
+  // After the last tile: reduce the partial sums over the quad, and return per row the factor that
+  // normalises the output (0 for rows that saw no key) and the natural-log LSE (-inf there).
+  __device__ __forceinline__ void finalize(float (&inv_sum)[MT][2], float (&lse)[MT][2], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sum = quad_sum(row_sum[mt][h]);
+        const bool seen = sum > 0.f;
+        inv_sum[mt][h] = seen ? 1.f / sum : 0.f;
+        lse[mt][h] = seen ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
+      }
+    }
+  }
+};
+
+// Soft-capping: score <- softcap * tanh(score * scale / softcap). The caller folds the outer
+// softcap factor into scale_log2, so here only tanh(score * pre_scale) is applied.
+template <int MT, int NT>
+__device__ __forceinline__ void apply_softcap(float (&scores)[MT][NT][4], float pre_scale) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) scores[mt][nt][e] = tanhf(scores[mt][nt][e] * pre_scale);
+}
+
+// Set scores of invisible keys to -inf. key0: key index of this thread's first column in the tile
+// (tile start + 2t); row0: packed row of this thread's first row (its rows are row0 + 16 * mt + 8 * h).
+// The rows' key ranges are recomputed here rather than kept in registers across the key loop: only
+// boundary tiles pay for them.
+template <int MT, int NT>
+__device__ __forceinline__ void apply_mask(float (&scores)[MT][NT][4], int key0, int row0, int group, int offset,
+                                           int seqlen_k, int left, int right) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const RowKeyRange r = row_key_range((row0 + 16 * mt + 8 * h) / group, offset, seqlen_k, left, right);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + nt * 8 + e;
+          if (key < r.lo || key >= r.hi) scores[mt][nt][2 * h + e] = kNegInf;
+        }
+    }
+}
+
+}  // namespace fwd
+}  // namespace hfp

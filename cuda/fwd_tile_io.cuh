@@ -1,0 +1,107 @@
+// hf_flashpatch forward: moving tiles between global memory, padded shared memory and mma fragments.
+//
+// Shared-memory tiles are row-major (row = query row or key, column = head-dim element) with a row
+// stride of head dim + 8 elements. The 16-byte pad shifts consecutive rows by 4 banks, so the eight
+// 16-byte row segments an ldmatrix phase reads (and the 16-byte cp.async writes) fall in eight
+// distinct bank groups for every supported head dim (32, 64, 96, 128, 256).
+#pragma once
+#include "primitives.cuh"
+
+namespace hfp {
+namespace fwd {
+
+template <int kHeadDim>
+struct TileLayout {
+  static constexpr int kRowStride = kHeadDim + 8;     // elements
+  static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
+};
+
+// Copy a (rows, head dim) key/value tile starting at key `key0` into shared memory with cp.async.
+// Keys at or beyond `seqlen_k` are zero-filled: their probabilities are 0 after masking, and zeros
+// (not stale data that might hold NaN/inf) keep 0 * V finite.
+template <int kHeadDim, int kRows, int kThreadCount, typename T>
+__device__ __forceinline__ void load_kv_tile(T* smem, const T* gmem, int64_t row_stride, int key0, int seqlen_k,
+                                             int tid) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kChunks = kRows * L::kChunksPerRow;
+  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
+  if constexpr (kThreadCount % L::kChunksPerRow == 0) {
+    // Each thread keeps one column and walks rows kRowStep apart: one pointer, one increment.
+    constexpr int kRowStep = kThreadCount / L::kChunksPerRow;
+    const int row0 = tid / L::kChunksPerRow;
+    const int col = (tid % L::kChunksPerRow) * 8;
+    const T* src = gmem + (key0 + row0) * row_stride + col;
+    const int64_t step = kRowStep * row_stride;
+    uint32_t dst = smem_addr(smem + row0 * L::kRowStride + col);
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+      const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
+      cp_async_16(dst, valid ? src : gmem, valid);
+      src += step;
+      dst += kRowStep * L::kRowStride * sizeof(T);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+      const int chunk = tid + i * kThreadCount;
+      const int row = chunk / L::kChunksPerRow;
+      const int col = (chunk % L::kChunksPerRow) * 8;
+      const int key = key0 + row;
+      const bool valid = key < seqlen_k;
+      const T* src = gmem + (valid ? key * row_stride + col : 0);
+      cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
+    }
+  }
+}
+
+// Copy the packed query tile: tile row r is packed row p = p0 + r, i.e. query position p / group
+// of query head (first_head + p % group). Packing the heads of a GQA group into the rows lets one
+// K/V tile serve the whole group. Rows at or beyond `packed_rows` are zero-filled.
+template <int kHeadDim, int kRows, int kThreadCount, typename T>
+__device__ __forceinline__ void load_q_tile(T* smem, const T* q_base, int64_t pos_stride, int64_t head_stride,
+                                            int p0, int packed_rows, int group, int tid) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kChunks = kRows * L::kChunksPerRow;
+  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreadCount; ++i) {
+    const int chunk = tid + i * kThreadCount;
+    const int row = chunk / L::kChunksPerRow;
+    const int col = (chunk % L::kChunksPerRow) * 8;
+    const int packed = p0 + row;
+    const bool valid = packed < packed_rows;
+    const int pos = packed / group;
+    const int head = packed - pos * group;
+    const T* src = q_base + (valid ? pos * pos_stride + head * head_stride + col : 0);
+    cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
+  }
+}
+
+// A operand (16 rows x 16 columns starting at (row0, col0)) of m16n8k16 from a row-major tile.
+// Matrix j of the x4 load is (rows +8*(j%2), cols +8*(j/2)), matching a[0..3] of the A fragment.
+template <int kHeadDim, typename T>
+__device__ __forceinline__ void load_a_frag(uint32_t (&a)[4], const T* smem, int row0, int col0, int lane) {
+  using L = TileLayout<kHeadDim>;
+  ldmatrix_x4(a, smem_addr(smem + (row0 + (lane & 15)) * L::kRowStride + col0 + (lane >> 4) * 8));
+}
+
+// B operands of S = Q K^T for two 8-key n-tiles (keys key0..key0+15) and head-dim columns
+// col0..col0+15: b[0..1] for keys key0..+7, b[2..3] for keys key0+8..+15.
+template <int kHeadDim, typename T>
+__device__ __forceinline__ void load_k_frag(uint32_t (&b)[4], const T* smem, int key0, int col0, int lane) {
+  using L = TileLayout<kHeadDim>;
+  const int key = key0 + (lane & 7) + ((lane >> 4) << 3);
+  const int col = col0 + ((lane >> 3) & 1) * 8;
+  ldmatrix_x4(b, smem_addr(smem + key * L::kRowStride + col));
+}
+
+// B operands of O += P V for keys key0..key0+15 and two 8-wide head-dim n-tiles (col0..col0+15),
+// transposed on the fly: b[0..1] for columns col0..+7, b[2..3] for col0+8..+15.
+template <int kHeadDim, typename T>
+__device__ __forceinline__ void load_v_frag(uint32_t (&b)[4], const T* smem, int key0, int col0, int lane) {
+  using L = TileLayout<kHeadDim>;
+  ldmatrix_x4_trans(b, smem_addr(smem + (key0 + (lane & 15)) * L::kRowStride + col0 + (lane >> 4) * 8));
+}
+
+}  // namespace fwd
+}  // namespace hfp

@@ -1,0 +1,264 @@
+"""FlashAttention forward kernel (``cuda/fwd.cu``) as the custom op ``hf_flashpatch::attention_forward``.
+
+Layouts (flash-attn's):
+
+- batched: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, any strides with a contiguous last dim
+  (transformers' ``q.transpose(1, 2)`` views are read in place, never copied); returns
+  ``out (B, S_q, H, D)`` contiguous in q's dtype and ``lse (B, H, S_q)`` fp32;
+- varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, ``cu_seqlens_q/k`` int32 ``(N + 1,)``; returns
+  ``out (T_q, H, D)`` and ``lse (H, T_q)``.
+
+``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
+no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`
+(bottom-right aligned, -1 = unbounded). GQA/MQA are served natively: the query heads of a group are
+packed into the rows of one query tile, so each K/V tile is loaded once per group.
+
+What the kernel does not serve raises :class:`~hf_flashpatch.errors.KernelUnsupported` (the public
+API then takes the torch fallback): dtypes other than fp16/bf16, head dims outside
+{32, 64, 96, 128, 256}, mismatched q/k/v dtypes or devices. Inputs whose strides or base address
+are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path).
+The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from ..errors import KernelUnsupported
+from .build import KernelBuild, device_arch, get_kernel
+from .tiles import TileShape, forward_tile_shape
+
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_LOG2E = 1.4426950408889634
+_ELEM_BYTES = 2
+_MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
+_ENTRY = "hfp_attention_forward"
+# q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
+_ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff"
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """One compiled variant of ``cuda/fwd.cu``: the compile-cache key (through :meth:`build`)."""
+
+    head_dim: int
+    dtype: str  # "bf16" or "fp16"
+    block_m: int
+    block_n: int
+    num_warps: int
+    kv_stages: int = 2
+    q_in_registers: bool = False
+    ctas_per_sm: int = 1
+    has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
+
+    def __post_init__(self):
+        rows_per_warp = 16 * self.num_warps
+        if self.head_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"dtype must be 'bf16' or 'fp16', got {self.dtype!r}")
+        if self.block_m % rows_per_warp or self.block_n % 16 or self.kv_stages < 2:
+            raise ValueError(f"invalid tile: block_m % (16 * num_warps) and block_n % 16 must be 0, got {self}")
+        chunks_per_row = self.head_dim // 8
+        if (self.block_m * chunks_per_row) % self.threads or (self.block_n * chunks_per_row) % self.threads:
+            raise ValueError(f"tile rows x 16-byte chunks must divide over {self.threads} threads, got {self}")
+
+    @classmethod
+    def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None):
+        shape = shape or forward_tile_shape(head_dim)
+        return cls(
+            head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
+            num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
+            ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
+        )  # fmt: skip
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.num_warps
+
+    @property
+    def shared_bytes(self) -> int:
+        row_bytes = (self.head_dim + 8) * _ELEM_BYTES  # padded rows, see cuda/fwd_tile_io.cuh
+        return row_bytes * (self.block_m + 2 * self.kv_stages * self.block_n)
+
+    def build(self, arch: str = "sm_90a") -> KernelBuild:
+        defines = (
+            ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
+            ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),
+            ("Q_IN_REGS", int(self.q_in_registers)), ("CTAS_PER_SM", self.ctas_per_sm),
+            ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
+        )  # fmt: skip
+        return KernelBuild("fwd.cu", tuple((name, str(value)) for name, value in defines), arch)
+
+
+def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
+    """Every variant shipped: dtype x head dim x masking (the CI compile check walks this list)."""
+    return [
+        ForwardConfig.for_problem(head_dim, dtype, has_mask).build(arch)
+        for dtype in ("bf16", "fp16")
+        for head_dim in SUPPORTED_HEAD_DIMS
+        for has_mask in (False, True)
+    ]
+
+
+# --------------------------------------------------------------------------------------- checks
+
+
+def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dtype not in _DTYPE_NAMES:
+        raise KernelUnsupported(f"the forward kernel takes float16/bfloat16, got {q.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise KernelUnsupported(f"the forward kernel needs one dtype for q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+        raise KernelUnsupported(
+            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS}, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    if not (q.is_cuda and k.device == q.device and v.device == q.device):
+        raise KernelUnsupported(f"the forward kernel needs q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
+    if q.shape[-2] % k.shape[-2]:
+        raise KernelUnsupported(f"kv heads must divide q heads, got {q.shape[-2]} and {k.shape[-2]}")
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when the kernel's 16-byte loads can read it in place, else a contiguous copy."""
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
+def _normalized_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
+    left = -1 if window_left < 0 else int(window_left)
+    right = -1 if window_right < 0 else int(window_right)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+# --------------------------------------------------------------------------------------- launch
+
+
+def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+            window_left, window_right, softcap, shape: TileShape | None = None):  # fmt: skip
+    """Allocate ``out``/``lse`` and run the kernel. Layouts as in the module docstring."""
+    _check_supported(q, k, v)
+    varlen = cu_seqlens_q is not None
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    group = heads // kv_heads
+    left, right = _normalized_window(causal, window_left, window_right)
+    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape)
+    if config.shared_bytes > _MAX_SHARED_BYTES:
+        raise KernelUnsupported(f"forward tile needs {config.shared_bytes} B of shared memory, got {config}")
+
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, S_q, H, D) or (T_q, H, D), contiguous
+    if varlen:
+        num_seqs = cu_seqlens_q.numel() - 1
+        total_q = q.shape[0]
+        lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)  # (H, T_q)
+        seqlen_q, seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        q_strides = (0, q.stride(0), q.stride(1))
+        k_strides = (0, k.stride(0), k.stride(1))
+        v_strides = (0, v.stride(0), v.stride(1))
+        o_strides = (0, out.stride(0), out.stride(1))
+        lse_strides = (0, total_q)
+        cu_seqlens_q = cu_seqlens_q.to(torch.int32).contiguous()
+        cu_seqlens_k = cu_seqlens_k.to(torch.int32).contiguous()
+    else:
+        num_seqs, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        lse = torch.empty((num_seqs, heads, seqlen_q), dtype=torch.float32, device=q.device)  # (B, H, S_q)
+        q_strides, k_strides, v_strides = q.stride()[:3], k.stride()[:3], v.stride()[:3]
+        o_strides = out.stride()[:3]
+        lse_strides = (heads * seqlen_q, seqlen_q)
+    if out.numel() == 0 or num_seqs == 0 or seqlen_q == 0:
+        lse.fill_(float("-inf"))
+        return out.zero_(), lse
+    if num_seqs > 65535 or kv_heads > 65535:
+        raise KernelUnsupported(f"grid limit: at most 65535 sequences and kv heads, got {num_seqs} and {kv_heads}")
+
+    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    if softcap and softcap > 0:  # softcap * tanh(s * scale / softcap), the outer factor folded into the exp2 scale
+        scale_log2, softcap_pre = softcap * _LOG2E, scale / softcap
+    else:
+        scale_log2, softcap_pre = scale * _LOG2E, 0.0
+
+    kernel = get_kernel(config.build(device_arch(q.device)), _ENTRY, _ARG_TYPES, q.device)
+    grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
+    kernel(
+        grid, (config.threads, 1, 1),
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
+        seqlen_q, seqlen_k, group, left, right, scale_log2, softcap_pre,
+        shared_bytes=config.shared_bytes,
+        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
+    )  # fmt: skip
+    return out, lse
+
+
+@torch.library.custom_op("hf_flashpatch::attention_forward", mutates_args=())
+def attention_forward_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor],
+    cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    deterministic: bool,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The op behind :func:`attention_forward` (softcap 0.0 = off). The forward pass is deterministic
+    regardless of ``deterministic``, which the backward reads."""
+    return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   window_left, window_right, softcap)  # fmt: skip
+
+
+@attention_forward_op.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+      window_right, softcap, deterministic):  # fmt: skip
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, like the kernel's
+    if cu_seqlens_q is not None:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # (H, T_q)
+    else:
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)  # (B, H, S_q)
+    return out, lse
+
+
+def attention_forward(
+    q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    causal: bool, softmax_scale: float | None, window_left: int, window_right: int, softcap: float | None,
+    deterministic: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Run the forward kernel; returns ``(out, lse)`` (layouts in the module docstring).
+
+    Raises :class:`KernelUnsupported` for inputs the kernel does not serve, before anything runs.
+    """
+    _check_supported(q, k, v)
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError(f"pass both cu_seqlens_q and cu_seqlens_k or neither, got {cu_seqlens_q!r}, {cu_seqlens_k!r}")
+    if varlen:
+        if q.dim() != 3:
+            raise ValueError(f"varlen q must be (T_q, H, D), got {tuple(q.shape)}")
+        if max_seqlen_q is None or max_seqlen_k is None:
+            raise ValueError(f"varlen needs max_seqlen_q and max_seqlen_k, got {max_seqlen_q}, {max_seqlen_k}")
+    elif q.dim() != 4:
+        raise ValueError(f"batched q must be (B, S_q, H, D), got {tuple(q.shape)}")
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return attention_forward_op(
+        q, k, v, cu_seqlens_q, cu_seqlens_k,
+        int(max_seqlen_q or 0), int(max_seqlen_k or 0), scale, bool(causal),
+        int(window_left), int(window_right), float(softcap or 0.0), bool(deterministic),
+    )  # fmt: skip
+
+
+try:
+    from . import backward as _backward  # noqa: F401  (registers the op's autograd)
+except ImportError:
+    pass
