@@ -1,0 +1,124 @@
+"""PagedKVCache bookkeeping and the paged references, on CPU. Layout (batch, seqlen, heads, head_dim)."""
+
+import pytest
+import torch
+
+from hf_flashpatch import PagePoolExhausted
+from hf_flashpatch.paged import PagedKVCache, check_page_table
+from hf_flashpatch.reference import attention_reference, paged_decode_reference, slot_decode_reference
+
+
+def _fill(cache, seq_ids, lengths, layer=0, chunk=7):
+    """Grow every sequence to its length a few tokens at a time (interleaved, so pages of different
+    sequences alternate in the pool) and return the contiguous K/V each sequence should hold."""
+    contiguous = {s: (torch.randn(n, cache.kv_heads, cache.head_dim), torch.randn(n, cache.kv_heads, cache.head_dim))
+                  for s, n in zip(seq_ids, lengths)}  # fmt: skip
+    written = dict.fromkeys(seq_ids, 0)
+    while any(written[s] < n for s, n in zip(seq_ids, lengths)):
+        for s, n in zip(seq_ids, lengths):
+            step = min(chunk, n - written[s])
+            if step == 0:
+                continue
+            cache.allocate(s, step)
+            k, v = contiguous[s]
+            cache.append([s], k[None, written[s] : written[s] + step], v[None, written[s] : written[s] + step], layer)
+            written[s] += step
+    return contiguous
+
+
+def test_bookkeeping_pages_lengths_free():
+    cache = PagedKVCache(num_pages=10, page_size=4, kv_heads=2, head_dim=8, dtype=torch.float32)
+    cache.allocate("a", 5)  # 2 pages
+    cache.allocate(["b", "c"], 1)  # 1 page each
+    assert cache.seq_len("a") == 5 and cache.pages_of("a") == [0, 1]
+    assert cache.pages_of("b") == [2] and cache.pages_of("c") == [3]
+    assert cache.num_free_pages == 6
+    cache.allocate("a", 3)  # 8 tokens still fit in 2 pages
+    assert cache.pages_of("a") == [0, 1] and cache.num_free_pages == 6
+    cache.allocate("a", 1)  # the 9th token needs a third page
+    assert cache.pages_of("a") == [0, 1, 4]
+    table = cache.page_table(["a", "b"])
+    assert table.dtype == torch.int32 and table.tolist() == [[0, 1, 4], [2, 0, 0]]
+    assert cache.seqlens(["a", "b", "c"]).tolist() == [9, 1, 1]
+    cache.free("a")
+    assert cache.num_free_pages == 8
+    cache.allocate("d", 12)  # reuses freed pages
+    assert sorted(cache.pages_of("d")) == [0, 1, 4]
+    assert cache.slots("d", 0, 2) == [cache.pages_of("d")[0] * 4, cache.pages_of("d")[0] * 4 + 1]
+    with pytest.raises(KeyError, match="unknown sequence 'a'"):
+        cache.seq_len("a")
+
+
+def test_exhaustion_raises_and_changes_nothing():
+    cache = PagedKVCache(num_pages=4, page_size=2, kv_heads=1, head_dim=8, dtype=torch.float32)
+    data = _fill(cache, ["x", "y"], [3, 3])  # 2 pages each: the pool is full
+    k_before, v_before = cache.k_pages.clone(), cache.v_pages.clone()
+    with pytest.raises(PagePoolExhausted, match=r"2 pages needed .* 0 free of 4"):
+        cache.allocate(["x", "y"], 2)
+    with pytest.raises(PagePoolExhausted, match=r"1 pages needed"):
+        cache.allocate("z", 1)
+    assert cache.seq_len("x") == 3 and cache.seq_len("y") == 3 and cache.num_free_pages == 0
+    assert "z" not in cache._lengths
+    assert torch.equal(cache.k_pages, k_before) and torch.equal(cache.v_pages, v_before)
+    k, v = cache.gather("x")
+    assert torch.equal(k, data["x"][0]) and torch.equal(v, data["x"][1])
+    cache.allocate("x", 1)  # the partly used last page still has room: no new page needed
+    assert cache.seq_len("x") == 4
+
+
+def test_bad_page_index_and_bad_shapes_are_clear():
+    with pytest.raises(ValueError, match=r"page_table\[1, 1\] = 9 is not a page of this pool \(valid: 0..7\)"):
+        check_page_table(torch.tensor([[0, 1], [2, 9]]), 8, torch.tensor([5, 6]), page_size=4)
+    with pytest.raises(ValueError, match="page_table has only 2 columns"):
+        check_page_table(torch.tensor([[0, 1]]), 8, torch.tensor([9]), page_size=4)
+    check_page_table(torch.tensor([[0, -1]]), 8, torch.tensor([3]), page_size=4)  # padding past the length is fine
+    cache = PagedKVCache(num_pages=4, page_size=2, kv_heads=1, head_dim=8, dtype=torch.float32)
+    cache.allocate("a", 1)
+    with pytest.raises(ValueError, match=r"got \(1, 1, 2, 8\)"):
+        cache.append(["a"], torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8))
+    with pytest.raises(ValueError, match="layer must be in 0..0, got 3"):
+        cache.append(["a"], torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8), layer=3)
+    with pytest.raises(ValueError, match="num_pages must be a positive int, got 0"):
+        PagedKVCache(num_pages=0, page_size=2, kv_heads=1, head_dim=8)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1)])
+def test_paged_decode_matches_contiguous_reference(page_size, heads, kv_heads):
+    lengths = [1, 13, 40]
+    cache = PagedKVCache(num_pages=64, page_size=page_size, kv_heads=kv_heads, head_dim=16, dtype=torch.float32,
+                         num_layers=2)  # fmt: skip
+    seq_ids = [10, 11, 12]
+    data = _fill(cache, seq_ids, lengths, layer=1, chunk=5)
+    q = torch.randn(3, 2, heads, 16)  # two query tokens per sequence (speculative-decoding shape)
+    kwargs = dict(causal=True, softmax_scale=0.3, window=(9, 0), softcap=5.0)
+    paged_out, paged_lse = paged_decode_reference(
+        q, cache.k_pages[1], cache.v_pages[1], cache.page_table(seq_ids), cache.seqlens(seq_ids), **kwargs
+    )
+    api_out = cache.decode(q, seq_ids, layer=1, **kwargs)  # CPU: the torch fallback through the API
+    for b, s in enumerate(seq_ids):
+        k, v = data[s]
+        ref_out, ref_lse = attention_reference(q[b : b + 1], k[None], v[None], **kwargs)
+        torch.testing.assert_close(paged_out[b : b + 1], ref_out, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(paged_lse[b : b + 1], ref_lse, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(api_out[b : b + 1], ref_out, rtol=1e-4, atol=1e-4)
+    # Sequence 0 has one key and two causal queries: the first query sees nothing (zeros, lse -inf).
+    assert torch.all(paged_out[0, 0] == 0) and torch.all(torch.isinf(paged_lse[0, :, 0]))
+    # Layer 0 was never written: still zeros.
+    assert torch.all(cache.k_pages[0] == 0)
+
+
+def test_slot_reference_matches_block_table_with_page_size_one():
+    cache = PagedKVCache(num_pages=40, page_size=1, kv_heads=2, head_dim=8, dtype=torch.float32)
+    seq_ids = ["p", "q"]
+    _fill(cache, seq_ids, [11, 17], chunk=3)
+    q = torch.randn(2, 1, 4, 8)
+    slots = torch.tensor(cache.slots("p", 0, 11) + cache.slots("q", 0, 17))
+    cu = torch.tensor([0, 11, 28])
+    pool_k, pool_v = cache.k_pages[0, :, 0], cache.v_pages[0, :, 0]  # (num_slots, H_kv, D)
+    slot_out, slot_lse = slot_decode_reference(q, pool_k, pool_v, slots, cu, causal=True)
+    block_out, block_lse = paged_decode_reference(
+        q, cache.k_pages[0], cache.v_pages[0], cache.page_table(seq_ids), cache.seqlens(seq_ids), causal=True
+    )
+    torch.testing.assert_close(slot_out, block_out)
+    torch.testing.assert_close(slot_lse, block_lse)
