@@ -1,0 +1,310 @@
+"""Convert a multi-head (or GQA) attention checkpoint to fewer KV heads: GQA or MQA.
+
+Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models from Multi-Head
+Checkpoints": the K and V projection heads of each group are pooled into one head, then the model is
+briefly uptrained (``scripts/uptrain.py``). Groups are *consecutive* heads, the grouping transformers'
+``repeat_kv`` uses: query head ``h`` reads KV head ``h // (H / H_kv)``, so new KV head ``j`` replaces
+old KV heads ``j*g .. j*g + g - 1`` with ``g = H_kv_old / H_kv_new``.
+
+Methods (the paper's Figure 6 compares the same three):
+
+- ``mean``  (default): each new head's K/V weights (and biases) are the mean of its group's.
+- ``first``: each new head keeps the first head of its group.
+- ``random``: the K/V projections are re-initialised from scratch (normal, std
+  ``config.initializer_range``, zero biases), seeded by ``seed``.
+
+Architectures: Llama, Mistral, Qwen2 (K/V biases are pooled like the weights) and Qwen3. Qwen3
+normalises each key head with an RMSNorm (``k_norm``) *after* ``k_proj``; its weight has shape
+``(head_dim,)`` and is shared by all heads, so it stays as it is. Pooling acts on the pre-norm
+projection, so a pooled key is ``k_norm(mean_i W_i x)``: the RMSNorm restores the scale that
+averaging shrinks (keys pointing different ways average to a shorter vector) instead of
+``mean_i k_norm(W_i x)``. Both agree when the heads of a group are equal, which is what makes the
+exactness checks hold. ``q_norm`` and the query heads are not touched.
+
+The converted model keeps the plain transformers classes, so ``save_pretrained`` writes a checkpoint
+that ``from_pretrained`` loads with no custom code.
+
+    model = convert_to_gqa("path/to/mha", 1)                      # MQA, mean pooling
+    hf-flashpatch convert path/to/mha path/to/mqa --kv-heads 1   # the same from the shell
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+METHODS = ("mean", "first", "random")
+
+
+@dataclass(frozen=True)
+class ConversionReport:
+    """What a conversion changed; ``kv_cache_reduction`` = old KV heads / new KV heads."""
+
+    model_type: str
+    num_attention_heads: int
+    kv_heads_before: int
+    kv_heads_after: int
+    method: str
+    num_layers: int
+    head_dim: int
+    kv_cache_bytes_per_token_before: int
+    kv_cache_bytes_per_token_after: int
+    params_before: int
+    params_after: int
+
+    @property
+    def kv_cache_reduction(self) -> float:
+        return self.kv_heads_before / self.kv_heads_after
+
+    def summary(self) -> str:
+        kind = "MQA" if self.kv_heads_after == 1 else ("MHA" if self.kv_heads_after == self.num_attention_heads else "GQA")
+        lines = [
+            f"{self.model_type}: {self.num_attention_heads} query heads, KV heads {self.kv_heads_before} -> "
+            f"{self.kv_heads_after} ({kind}, method={self.method})",
+            f"KV cache per token: {self.kv_cache_bytes_per_token_before} -> {self.kv_cache_bytes_per_token_after} bytes "
+            f"({self.num_layers} layers x 2 x heads x {self.head_dim} x dtype): "
+            f"reduction x{self.kv_cache_reduction:g}",
+            f"parameters: {self.params_before:,} -> {self.params_after:,}",
+        ]
+        if self.kv_heads_before == self.kv_heads_after:
+            lines.append("target equals the current KV head count: identity, nothing changed")
+        return "\n".join(lines)
+
+
+def _load(model_or_path, num_key_value_heads: int, method: str, dtype=None):
+    """A loaded model as is, or a checkpoint folder loaded after its config passed the checks."""
+    if isinstance(model_or_path, nn.Module):
+        return model_or_path
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_convertible(AutoConfig.from_pretrained(model_or_path), num_key_value_heads, method)
+    return AutoModelForCausalLM.from_pretrained(model_or_path, dtype=dtype or "auto")
+
+
+def _attention_modules(model: nn.Module):
+    """Every decoder self-attention module (has ``k_proj``, ``v_proj`` and ``num_key_value_groups``)."""
+    found = [m for m in model.modules() if hasattr(m, "k_proj") and hasattr(m, "v_proj")]
+    if not found:
+        raise ValueError(f"no attention module with k_proj/v_proj found in {type(model).__name__}")
+    return found
+
+
+def check_convertible(config, num_key_value_heads: int, method: str = "mean") -> None:
+    """Raise a ValueError naming what was received if ``config`` cannot go to ``num_key_value_heads``."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported model_type {model_type!r}: the converter handles {', '.join(SUPPORTED_MODEL_TYPES)} "
+            "(their K/V projections are k_proj/v_proj with consecutive head grouping)"
+        )
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    heads = config.num_attention_heads
+    kv_heads = config.num_key_value_heads or heads
+    if not isinstance(num_key_value_heads, int) or isinstance(num_key_value_heads, bool) or num_key_value_heads < 1:
+        raise ValueError(f"num_key_value_heads must be a positive int, got {num_key_value_heads!r}")
+    if kv_heads % num_key_value_heads != 0:
+        divisors = [d for d in range(1, kv_heads + 1) if kv_heads % d == 0]
+        raise ValueError(
+            f"num_key_value_heads={num_key_value_heads} must divide the current {kv_heads} KV heads "
+            f"(pooling merges whole groups of consecutive heads); possible values: {divisors}"
+        )
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def pool_heads(tensor: torch.Tensor, kv_heads: int, target: int, method: str) -> torch.Tensor:
+    """Pool a K/V projection weight ``(kv_heads * head_dim, in)`` or bias ``(kv_heads * head_dim,)``.
+
+    Rows are ``kv_heads`` blocks of ``head_dim`` rows, one per head; consecutive blocks of
+    ``g = kv_heads // target`` heads are merged (``mean``) or reduced to their first (``first``).
+    """
+    group = kv_heads // target
+    grouped = tensor.reshape(target, group, tensor.shape[0] // kv_heads, *tensor.shape[1:])  # (H_new, g, D, [in])
+    if method == "mean":
+        # Accumulate in fp32 so bf16/fp16 checkpoints pool without extra rounding; equal heads stay exact.
+        pooled = grouped.float().mean(dim=1).to(tensor.dtype)
+    elif method == "first":
+        pooled = grouped[:, 0]
+    else:
+        raise ValueError(f"pool_heads handles mean/first, got {method!r}")
+    return pooled.reshape(target * tensor.shape[0] // kv_heads, *tensor.shape[1:]).contiguous()  # (H_new*D, [in])
+
+
+def repeat_heads(tensor: torch.Tensor, kv_heads: int, factor: int) -> torch.Tensor:
+    """The inverse direction: each of ``kv_heads`` head blocks repeated ``factor`` times, consecutively."""
+    grouped = tensor.reshape(kv_heads, 1, tensor.shape[0] // kv_heads, *tensor.shape[1:])  # (H_kv, 1, D, [in])
+    expanded = grouped.expand(kv_heads, factor, *grouped.shape[2:])  # (H_kv, factor, D, [in])
+    return expanded.reshape(kv_heads * factor * grouped.shape[2], *tensor.shape[1:]).contiguous()
+
+
+def _new_linear(old: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Linear:
+    layer = nn.Linear(old.in_features, weight.shape[0], bias=old.bias is not None, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        if old.bias is not None:
+            layer.bias.copy_(bias)
+    layer.weight.requires_grad_(old.weight.requires_grad)
+    return layer
+
+
+def _set_kv_heads(model: nn.Module, attention_modules, num_key_value_heads: int) -> None:
+    config = model.config
+    config.num_key_value_heads = num_key_value_heads
+    groups = config.num_attention_heads // num_key_value_heads
+    for module in attention_modules:
+        # eager attention's repeat_kv reads num_key_value_groups; other backends take shapes from tensors.
+        module.num_key_value_groups = groups
+        if hasattr(module, "num_key_value_heads"):
+            module.num_key_value_heads = num_key_value_heads
+        if getattr(module, "config", None) is not None and module.config is not config:
+            module.config.num_key_value_heads = num_key_value_heads
+
+
+def _report(config, before_kv, after_kv, method, params_before, params_after, dtype) -> ConversionReport:
+    head_dim, layers = _head_dim(config), config.num_hidden_layers
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_token = lambda kv: layers * 2 * kv * head_dim * itemsize  # noqa: E731  (K and V, every layer)
+    return ConversionReport(
+        model_type=config.model_type,
+        num_attention_heads=config.num_attention_heads,
+        kv_heads_before=before_kv,
+        kv_heads_after=after_kv,
+        method=method,
+        num_layers=layers,
+        head_dim=head_dim,
+        kv_cache_bytes_per_token_before=per_token(before_kv),
+        kv_cache_bytes_per_token_after=per_token(after_kv),
+        params_before=params_before,
+        params_after=params_after,
+    )
+
+
+def convert_to_gqa(model_or_path, num_key_value_heads: int, *, method: str = "mean", seed: int = 0,
+                   return_report: bool = False):
+    """Pool the K/V heads of a Llama/Mistral/Qwen2/Qwen3 model down to ``num_key_value_heads``.
+
+    ``model_or_path``: a loaded ``*ForCausalLM`` (converted in place) or a local checkpoint folder.
+    Returns the model, or ``(model, ConversionReport)`` with ``return_report=True``. Converting to the
+    current KV head count is an identity (no weight is touched, whatever the method).
+    """
+    model = _load(model_or_path, num_key_value_heads, method)
+    config = model.config
+    check_convertible(config, num_key_value_heads, method)
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    params_before = sum(p.numel() for p in model.parameters())
+    modules = _attention_modules(model)
+    dtype = modules[0].k_proj.weight.dtype
+    if num_key_value_heads != kv_heads:
+        generator = torch.Generator().manual_seed(seed)
+        std = getattr(config, "initializer_range", 0.02)
+        for module in modules:
+            for name in ("k_proj", "v_proj"):
+                old: nn.Linear = getattr(module, name)
+                if method == "random":
+                    out_features = old.out_features // kv_heads * num_key_value_heads
+                    weight = torch.randn(out_features, old.in_features, generator=generator) * std
+                    bias = torch.zeros(out_features) if old.bias is not None else None
+                    weight = weight.to(old.weight.device, old.weight.dtype)
+                    bias = bias.to(old.weight.device, old.weight.dtype) if bias is not None else None
+                else:
+                    weight = pool_heads(old.weight.data, kv_heads, num_key_value_heads, method)
+                    bias = pool_heads(old.bias.data, kv_heads, num_key_value_heads, method) if old.bias is not None else None
+                setattr(module, name, _new_linear(old, weight, bias))
+        _set_kv_heads(model, modules, num_key_value_heads)
+    report = _report(config, kv_heads, num_key_value_heads, method, params_before,
+                     sum(p.numel() for p in model.parameters()), dtype)
+    return (model, report) if return_report else model
+
+
+def expand_kv_heads(model: nn.Module, num_key_value_heads: int) -> nn.Module:
+    """Repeat each KV head so the model has ``num_key_value_heads`` (e.g. GQA -> an exact MHA twin).
+
+    Head ``j`` is copied to heads ``j*f .. j*f + f - 1`` (``f`` = new / old), the layout ``repeat_kv``
+    produces at run time, so the expanded model computes the same function.
+    """
+    config = model.config
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    if num_key_value_heads % kv_heads or config.num_attention_heads % num_key_value_heads:
+        raise ValueError(
+            f"num_key_value_heads={num_key_value_heads} must be a multiple of the current {kv_heads} KV heads "
+            f"and divide the {config.num_attention_heads} query heads"
+        )
+    factor = num_key_value_heads // kv_heads
+    modules = _attention_modules(model)
+    for module in modules:
+        for name in ("k_proj", "v_proj"):
+            old: nn.Linear = getattr(module, name)
+            weight = repeat_heads(old.weight.data, kv_heads, factor)
+            bias = repeat_heads(old.bias.data, kv_heads, factor) if old.bias is not None else None
+            setattr(module, name, _new_linear(old, weight, bias))
+    _set_kv_heads(model, modules, num_key_value_heads)
+    return model
+
+
+def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: str = "mean", seed: int = 0,
+                       dtype: torch.dtype | None = None) -> ConversionReport:
+    """Load ``src`` (a checkpoint folder, or ``smollm2`` for the shipped SmolLM2-135M), convert, save to ``dst``.
+
+    The tokenizer (when ``src`` has one) is saved alongside, and ``gqa_conversion.json`` records the report.
+    """
+    tokenizer = None
+    if src == "smollm2":
+        from .models import load_model_and_tokenizer
+
+        model, tokenizer = load_model_and_tokenizer(None, dtype=dtype)
+    else:
+        model = _load(src, num_key_value_heads, method, dtype)
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(src)
+        except (OSError, ValueError):  # a checkpoint without a tokenizer converts all the same
+            tokenizer = None
+    model, report = convert_to_gqa(model, num_key_value_heads, method=method, seed=seed, return_report=True)
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    record = asdict(report) | {"kv_cache_reduction": report.kv_cache_reduction, "source": str(src)}
+    (out / "gqa_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hf-flashpatch convert SRC DST --kv-heads N [--method mean|first|random]``."""
+    parser = argparse.ArgumentParser(
+        prog="hf-flashpatch convert",
+        description="Convert an MHA/GQA checkpoint (Llama, Mistral, Qwen2, Qwen3) to fewer KV heads by pooling "
+                    "the K/V projection heads of each group (Ainslie et al. 2023).",
+    )
+    parser.add_argument("src", help="checkpoint folder to read, or 'smollm2' for the shipped SmolLM2-135M")
+    parser.add_argument("dst", help="folder to write the converted checkpoint to")
+    parser.add_argument("--kv-heads", type=int, required=True, help="target number of KV heads (1 = MQA)")
+    parser.add_argument("--method", choices=METHODS, default="mean")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --method random")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                        help="dtype to load and save in (default: the checkpoint's own, fp32 for smollm2)")
+    args = parser.parse_args(argv)
+    try:
+        report = convert_checkpoint(args.src, args.dst, args.kv_heads, method=args.method, seed=args.seed,
+                                    dtype=getattr(torch, args.dtype) if args.dtype else None)
+    except ValueError as error:
+        print(f"hf-flashpatch convert: error: {error}")
+        return 2
+    print(report.summary())
+    print(f"saved to {args.dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

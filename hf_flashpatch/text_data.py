@@ -1,0 +1,196 @@
+"""Real English text for training and evaluation, and the tokenising/packing both training scripts share.
+
+Sources, both offline:
+
+- ``wiki``: the excerpt of a 2016 English Wikipedia dump that the ``gensim`` wheel ships for its tests
+  (``gensim/test/test_data/enwiki-...-shortened.bz2``, CC BY-SA): about a hundred articles, ~3 MB of
+  plain text once ``gensim.corpora.wikicorpus.filter_wiki`` strips the markup.
+- ``pydoc``: Python's own ``pydoc_data.topics`` (English technical prose, needs no package); the
+  fallback where gensim is not installed.
+
+:func:`write_text_corpus` writes ``train.txt`` and ``eval.txt`` with one document per blank-line
+separated block, so ``datasets.load_dataset("text", data_files=..., sample_by="paragraph")`` gives one
+row per document. Every ``eval_every``-th document is held out, so train and eval never share text.
+"""
+
+from __future__ import annotations
+
+import bz2
+import importlib.util
+import re
+from pathlib import Path
+
+WIKI_EXCERPT = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+SOURCES = ("auto", "wiki", "pydoc")
+
+
+def _clean_wiki(text: str) -> str:
+    """Markup ``filter_wiki`` leaves behind: bold/italic quotes, ``== headings ==``, blank-line runs."""
+    text = text.replace("'''", "").replace("''", "")
+    text = re.sub(r"^=+\s*(.*?)\s*=+\s*$", r"\1", text, flags=re.MULTILINE)
+    lines = [line.strip() for line in text.splitlines()]
+    return "\n".join(line for line in lines if line)  # no blank line inside a document
+
+
+def wiki_documents() -> list[str]:
+    """The gensim Wikipedia excerpt as plain-text articles (title on the first line); redirects skipped."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("gensim is not installed (pip install gensim): it ships the Wikipedia excerpt")
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+    path = Path(list(spec.submodule_search_locations)[0]) / WIKI_EXCERPT
+    if not path.is_file():
+        raise FileNotFoundError(f"the gensim wheel lacks its Wikipedia excerpt: {path}")
+    documents = []
+    with bz2.open(path) as stream:
+        for title, markup, *_ in extract_pages(stream, filter_namespaces=("0",)):
+            if markup.lstrip().lower().startswith("#redirect"):
+                continue
+            body = _clean_wiki(filter_wiki(markup))
+            if len(body) > 200:
+                documents.append(f"{title}\n{body}")
+    return documents
+
+
+def pydoc_documents() -> list[str]:
+    """Python's ``pydoc_data.topics``: one document per help topic, blank lines removed."""
+    from pydoc_data.topics import topics
+
+    documents = []
+    for name in sorted(topics):
+        body = "\n".join(line.rstrip() for line in topics[name].splitlines() if line.strip())
+        if len(body) > 200:
+            documents.append(body)
+    return documents
+
+
+def documents(source: str = "auto") -> tuple[str, list[str]]:
+    """``(source_used, documents)``; ``auto`` takes the Wikipedia excerpt and falls back to pydoc."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source in ("auto", "wiki"):
+        try:
+            return "wiki", wiki_documents()
+        except FileNotFoundError:
+            if source == "wiki":
+                raise
+    return "pydoc", pydoc_documents()
+
+
+def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) -> dict[str, str]:
+    """Write ``train.txt`` and ``eval.txt`` under ``out_dir`` (reused when present); returns their paths.
+
+    Document ``i`` goes to eval when ``i % eval_every == eval_every - 1``.
+    """
+    out = Path(out_dir)
+    paths = {"train": out / "train.txt", "eval": out / "eval.txt"}
+    if all(p.is_file() and p.stat().st_size > 0 for p in paths.values()):
+        return {split: str(p) for split, p in paths.items()}
+    if eval_every < 2:
+        raise ValueError(f"eval_every must be >= 2, got {eval_every}")
+    used, docs = documents(source)
+    splits = {"train": [], "eval": []}
+    for index, doc in enumerate(docs):
+        splits["eval" if index % eval_every == eval_every - 1 else "train"].append(doc)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, path in paths.items():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n\n".join(splits[split]) + "\n", encoding="utf-8")
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    (out / "SOURCE").write_text(f"{used}\n")
+    return {split: str(p) for split, p in paths.items()}
+
+
+def load_text_splits(data: str | None = None, *, eval_data: str | None = None, cache_dir=None,
+                     source: str = "auto"):
+    """A ``DatasetDict`` with ``train`` and ``eval`` splits of documents (column ``text``).
+
+    ``data``: a ``.txt`` file (one document per blank-line separated block; ``eval_data`` or a 5%
+    split gives the eval set), a folder saved by ``Dataset(Dict).save_to_disk``, or None for the
+    built-in real text written under ``cache_dir``.
+    """
+    import datasets
+
+    if data is None:
+        files = write_text_corpus(cache_dir or Path.home() / ".cache" / "hf_flashpatch" / "text", source=source)
+        return datasets.load_dataset("text", data_files=files, sample_by="paragraph")
+    path = Path(data)
+    if path.is_dir():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if "train" not in loaded:
+                raise ValueError(f"dataset at {path} has splits {list(loaded)}, needs 'train'")
+            eval_split = next((s for s in ("eval", "validation", "test") if s in loaded), None)
+            if eval_split is not None:
+                return datasets.DatasetDict(train=loaded["train"], eval=loaded[eval_split])
+            loaded = loaded["train"]
+        split = loaded.train_test_split(test_size=0.05, seed=0)
+        return datasets.DatasetDict(train=split["train"], eval=split["test"])
+    files = {"train": str(path)} | ({"eval": str(eval_data)} if eval_data else {})
+    loaded = datasets.load_dataset("text", data_files=files, sample_by="paragraph")
+    if "eval" not in loaded:
+        split = loaded["train"].train_test_split(test_size=0.05, seed=0)
+        loaded = datasets.DatasetDict(train=split["train"], eval=split["test"])
+    return loaded
+
+
+def tokenize_documents(dataset, tokenizer, *, text_column: str = "text"):
+    """Column ``input_ids``: each document's tokens followed by EOS (the boundary packing keeps)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no eos_token_id; packing needs a separator")
+
+    def encode(batch):
+        ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
+        return {"input_ids": [doc + [eos] for doc in ids]}
+
+    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
+
+
+def pack_fixed_length(tokenized, seq_len: int, *, max_sequences: int | None = None):
+    """Concatenate all documents and cut into rows of exactly ``seq_len`` tokens (tail dropped).
+
+    Column ``input_ids`` (labels = input_ids: every position is a real token, so no padding). The
+    causal mask lets a row's tokens attend across a document boundary, as in standard LM packing.
+    """
+    import datasets
+
+    if seq_len < 2:
+        raise ValueError(f"seq_len must be >= 2, got {seq_len}")
+    flat = [token for doc in tokenized["input_ids"] for token in doc]
+    rows = [flat[i:i + seq_len] for i in range(0, len(flat) - seq_len + 1, seq_len)]
+    if max_sequences is not None:
+        rows = rows[:max_sequences]
+    if not rows:
+        raise ValueError(f"{len(flat)} tokens are fewer than one sequence of seq_len={seq_len}")
+    return datasets.Dataset.from_dict({"input_ids": rows})
+
+
+def split_long_documents(tokenized, max_len: int):
+    """Documents of at most ``max_len`` tokens: longer ones are cut into consecutive pieces."""
+    import datasets
+
+    pieces = [doc[i:i + max_len] for doc in tokenized["input_ids"] for i in range(0, len(doc), max_len)]
+    return datasets.Dataset.from_dict({"input_ids": [p for p in pieces if len(p) >= 2]})
+
+
+def flattening_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Group document indices, in order, into packs of at most ``max_tokens`` tokens in total.
+
+    Each pack is one batch for ``DataCollatorWithFlattening``: it becomes one row of up to
+    ``max_tokens`` tokens whose documents stay separate (position ids restart, ``cu_seq_lens``
+    mark the boundaries), with no padding and no N x N mask. Greedy next-fit keeps the order.
+    """
+    packs, current, used = [], [], 0
+    for index, length in enumerate(lengths):
+        if length > max_tokens:
+            raise ValueError(f"document {index} has {length} tokens > max_tokens={max_tokens}; split it first")
+        if used + length > max_tokens and current:
+            packs.append(current)
+            current, used = [], 0
+        current.append(index)
+        used += length
+    if current:
+        packs.append(current)
+    return packs

@@ -1,0 +1,426 @@
+"""The training loop ``scripts/uptrain.py`` and ``scripts/finetune_long.py`` share.
+
+Runs under ``accelerate launch`` (one process, DDP or FSDP over N GPUs, or ``--cpu`` processes) and
+plain ``python``. Data comes from :mod:`hf_flashpatch.text_data`; two packings:
+
+- ``fixed``: documents concatenated and cut into rows of ``seq_len`` tokens (uptraining);
+- ``flatten``: whole documents packed into one row of up to ``seq_len`` tokens per step by
+  ``DataCollatorWithFlattening`` (restarting position ids, ``cu_seq_lens``; no padding, no N x N
+  mask): long-context fine-tuning.
+
+Resuming loses nothing: the checkpoint (written atomically to ``OUTPUT/checkpoint``) holds the model,
+optimizer, scheduler and RNG states (``accelerator.save_state``) and ``trainer_state.json`` with the
+step, so the data position is recomputed (the data order is a pure function of seed and epoch).
+SIGINT/SIGTERM set a flag; the loop stops at the next step boundary, all processes agree on it, and
+it writes a checkpoint first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from . import ATTN_NAME, text_data
+
+__all__ = ["TrainArgs", "add_train_arguments", "evaluate_perplexity", "resolve_attn_implementation", "train"]
+
+CHECKPOINT = "checkpoint"
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainArgs:
+    """Everything a run needs; the scripts fill it from the command line (see ``add_train_arguments``)."""
+
+    model: str  # a checkpoint folder, or "smollm2" for the shipped SmolLM2-135M
+    output_dir: str
+    data: str | None = None  # .txt (documents split by blank lines) or a save_to_disk folder; None: real text
+    eval_data: str | None = None
+    source: str = "auto"  # built-in text when data is None: wiki (gensim excerpt) or pydoc
+    text_cache: str | None = None
+    max_train_docs: int | None = None
+    kv_heads: int | None = None  # convert (GQA/MQA) before training
+    convert_method: str = "mean"
+    attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
+    packing: str = "fixed"  # fixed | flatten
+    seq_len: int = 512
+    batch_size: int = 4  # per process
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int | None = None  # default: 5% of the steps
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    token_budget: int | None = None
+    token_fraction: float | None = None
+    pretrain_tokens: int | None = None
+    max_steps: int | None = None
+    epochs: int = 1
+    eval_every: int = 0
+    eval_sequences: int | None = 16
+    eval_seq_len: int | None = None
+    eval_batch_size: int = 4
+    save_every: int = 0
+    resume: bool = True
+    gradient_checkpointing: bool = False
+    cpu: bool = False
+    seed: int = 0
+
+
+def add_train_arguments(parser, **defaults) -> None:
+    """One ``--flag`` per ``TrainArgs`` field (``model`` and ``output_dir`` positional-free, required)."""
+    import dataclasses
+
+    for f in dataclasses.fields(TrainArgs):
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        kind = str(f.type)
+        if f.name in ("model", "output_dir") and f.name not in defaults:
+            parser.add_argument(flag, dest=f.name, required=True)
+        elif kind == "bool":
+            parser.add_argument(flag, dest=f.name, action=__import__("argparse").BooleanOptionalAction, default=default)
+        else:
+            base = kind.split(" |")[0]
+            convert = {"int": int, "float": float}.get(base, str)
+            if f.name in ("token_budget", "pretrain_tokens"):
+                convert = lambda text: int(float(text))  # noqa: E731  (accept 2e12)
+            parser.add_argument(flag, dest=f.name, type=convert, default=default)
+
+
+def resolve_attn_implementation(requested: str) -> str:
+    """``requested``, unless it is the plugin's name and the backend is not registered: then ``sdpa``.
+
+    The fallback is announced with a warning; it exists only for installs whose transformers is too
+    old for the backend to register.
+    """
+    import hf_flashpatch
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if requested == hf_flashpatch.ATTN_NAME and requested not in ALL_ATTENTION_FUNCTIONS:
+        warnings.warn(f"attention backend {requested!r} is not registered with transformers; using 'sdpa'")
+        return "sdpa"
+    return requested
+
+
+class EpochShuffleSampler(Sampler):
+    """Indices ``0..n-1`` in an order fixed by ``(seed, epoch)``: a resumed run replays the same order."""
+
+    def __init__(self, num_items: int, seed: int, shuffle: bool = True):
+        self.num_items, self.seed, self.shuffle, self.epoch = num_items, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.num_items
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.num_items))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.num_items, generator=generator).tolist())
+
+
+class PackBatchSampler(Sampler):
+    """Batches that are whole packs of documents (see ``text_data.flattening_batches``), pack order shuffled."""
+
+    def __init__(self, packs: list[list[int]], seed: int):
+        self.packs, self.order = packs, EpochShuffleSampler(len(packs), seed)
+        self.batch_size = 1  # accelerate shards batch samplers; one pack is one batch
+        self.drop_last = False
+
+    def set_epoch(self, epoch: int) -> None:
+        self.order.set_epoch(epoch)
+
+    def __len__(self):
+        return len(self.packs)
+
+    def __iter__(self):
+        return (self.packs[i] for i in self.order)
+
+
+def _stack_rows(rows):
+    input_ids = torch.tensor([row["input_ids"] for row in rows], dtype=torch.long)  # (B, S)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+@dataclass
+class _State:
+    step: int = 0
+    tokens: int = 0
+    elapsed_s: float = 0.0
+    losses: list = field(default_factory=list)
+    evals: list = field(default_factory=list)  # [{"step", "perplexity"}]
+
+
+def _load_model(args: TrainArgs, attn_implementation: str):
+    from .models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(None if args.model == "smollm2" else args.model,
+                                                attn_implementation=attn_implementation)
+    if args.kv_heads is not None:
+        from .convert import convert_to_gqa
+
+        model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
+                                       return_report=True)
+        print(report.summary())
+    model.config.use_cache = False
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model.train(), tokenizer
+
+
+def _datasets(args: TrainArgs, tokenizer, accelerator):
+    with accelerator.main_process_first():
+        splits = text_data.load_text_splits(args.data, eval_data=args.eval_data, cache_dir=args.text_cache,
+                                            source=args.source)
+        train_docs = splits["train"]
+        if args.max_train_docs is not None:
+            train_docs = train_docs.select(range(min(args.max_train_docs, len(train_docs))))
+        train_tok = text_data.tokenize_documents(train_docs, tokenizer)
+        eval_tok = text_data.tokenize_documents(splits["eval"], tokenizer)
+    eval_rows = text_data.pack_fixed_length(eval_tok, args.eval_seq_len or args.seq_len,
+                                            max_sequences=args.eval_sequences)
+    if args.packing == "fixed":
+        train = text_data.pack_fixed_length(train_tok, args.seq_len)
+    else:
+        train = text_data.split_long_documents(train_tok, args.seq_len)
+    return train, eval_rows
+
+
+def _train_loader(args: TrainArgs, train):
+    if args.packing == "fixed":
+        sampler = EpochShuffleSampler(len(train), args.seed)
+        return DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=_stack_rows,
+                          drop_last=True), sampler
+    from transformers import DataCollatorWithFlattening
+
+    packs = text_data.flattening_batches([len(ids) for ids in train["input_ids"]], args.seq_len)
+    batch_sampler = PackBatchSampler(packs, args.seed)
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)
+    return DataLoader(train, batch_sampler=batch_sampler, collate_fn=collator), batch_sampler
+
+
+@torch.no_grad()
+def evaluate_perplexity(model, loader, accelerator=None) -> float:
+    """exp(mean next-token NLL) over every predicted token of ``loader`` (rows of equal length)."""
+    was_training = model.training
+    model.eval()
+    device = accelerator.device if accelerator is not None else next(model.parameters()).device
+    total_nll = torch.zeros((), dtype=torch.float64, device=device)
+    total_tokens = torch.zeros((), dtype=torch.float64, device=device)
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        predicted = (batch["labels"][:, 1:] != -100).sum()
+        total_nll += loss.double() * predicted
+        total_tokens += predicted
+    if accelerator is not None:
+        total_nll = accelerator.reduce(total_nll, reduction="sum")
+        total_tokens = accelerator.reduce(total_tokens, reduction="sum")
+    model.train(was_training)
+    return math.exp(total_nll.item() / total_tokens.item())
+
+
+def _peak_memory_bytes(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB: process peak RSS
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM ask for a clean stop at the next step boundary; a second SIGINT interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave the handlers alone
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _save_checkpoint(accelerator, output: Path, state: _State) -> None:
+    final, tmp = output / CHECKPOINT, output / (CHECKPOINT + ".tmp")
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)  # the old checkpoint stays valid until the new one is complete
+    accelerator.wait_for_everyone()
+
+
+def _steps_for(args: TrainArgs, tokens_per_step: int, steps_per_epoch: int) -> int:
+    budget = args.token_budget
+    if budget is None and args.token_fraction is not None:
+        if args.pretrain_tokens is None:
+            raise ValueError("--token-fraction needs --pretrain-tokens (the pre-training token count)")
+        budget = int(args.token_fraction * args.pretrain_tokens)
+    if budget is not None:
+        return max(1, math.ceil(budget / tokens_per_step))
+    if args.max_steps is not None:
+        return args.max_steps
+    return steps_per_epoch * args.epochs
+
+
+def train(args: TrainArgs, *, on_step_end=None) -> dict:
+    """Train per ``args``; returns the report (also written to ``OUTPUT/report.json``).
+
+    ``on_step_end(step, loss)`` is called on every process after each optimizer step.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    # Without a GPU, processes started by `accelerate launch --multi_gpu` (torchrun) must ask for CPU
+    # explicitly, or each one silently trains alone (world size 1) instead of joining a gloo group.
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum,
+                              cpu=args.cpu or not torch.cuda.is_available())
+    set_seed(args.seed)
+    output = Path(args.output_dir)
+    attn = resolve_attn_implementation(args.attn_implementation)
+    model, tokenizer = _load_model(args, attn)
+    train_rows, eval_rows = _datasets(args, tokenizer, accelerator)
+    train_loader, order = _train_loader(args, train_rows)
+    eval_loader = DataLoader(eval_rows, batch_size=args.eval_batch_size, collate_fn=_stack_rows)
+
+    world = accelerator.num_processes
+    steps_per_epoch = len(train_loader) // world // args.grad_accum
+    if steps_per_epoch < 1:
+        raise ValueError(f"{len(train_loader)} batches cannot fill one step of {world} processes x "
+                         f"{args.grad_accum} accumulation; use more data or a smaller --batch-size/--seq-len")
+    tokens_per_step = args.seq_len * (args.batch_size if args.packing == "fixed" else 1) * args.grad_accum * world
+    max_steps = _steps_for(args, tokens_per_step, steps_per_epoch)
+
+    decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    warmup = args.warmup_steps if args.warmup_steps is not None else int(0.05 * max_steps)
+    # accelerate steps a prepared scheduler once per process per optimizer step: scale by the world size.
+    scheduler = get_scheduler(args.lr_scheduler, optimizer, num_warmup_steps=warmup * world,
+                              num_training_steps=max_steps * world)
+    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader, scheduler)
+
+    state = _State()
+    checkpoint = output / CHECKPOINT
+    if args.resume and (checkpoint / STATE_FILE).is_file():
+        accelerator.load_state(str(checkpoint))
+        state = _State(**json.loads((checkpoint / STATE_FILE).read_text()))
+        accelerator.print(f"resumed from {checkpoint} at step {state.step} ({state.tokens:,} tokens)")
+
+    report = {"attn_implementation": attn, "max_steps": max_steps, "tokens_per_step": tokens_per_step,
+              "num_processes": world}
+    if state.step == 0 and args.eval_every:
+        state.evals.append({"step": 0, "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
+        accelerator.print(f"step 0: eval perplexity {state.evals[-1]['perplexity']:.3f}")
+
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_steps, initial=state.step, disable=not accelerator.is_local_main_process,
+                    desc="train", unit="step")
+    device = accelerator.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    interrupted, run_start = False, time.perf_counter()
+    with _StopFlag() as stop:
+        while state.step < max_steps and not interrupted:
+            epoch, offset = divmod(state.step, steps_per_epoch)
+            order.set_epoch(epoch)
+            # Batches already consumed this epoch (per process) are skipped: the data position resumes.
+            loader = accelerator.skip_first_batches(train_loader, offset * args.grad_accum) if offset else train_loader
+            micro, step_loss, step_tokens = 0, 0.0, 0
+            for batch in loader:
+                with accelerator.accumulate(model):
+                    loss = model(**batch).loss
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and args.max_grad_norm:
+                        accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                micro += 1
+                step_loss += loss.detach().float() / args.grad_accum
+                step_tokens += batch["input_ids"].numel()
+                if micro % args.grad_accum:
+                    continue
+                tokens = accelerator.reduce(torch.tensor(step_tokens, device=device), reduction="sum").item()
+                mean_loss = accelerator.reduce(step_loss, reduction="mean").item()
+                state.step += 1
+                state.tokens += tokens
+                state.losses.append(round(mean_loss, 6))
+                step_loss, step_tokens = 0.0, 0
+                progress.update(1)
+                progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+                if on_step_end is not None:
+                    on_step_end(state.step, mean_loss)
+                if args.eval_every and (state.step % args.eval_every == 0 or state.step == max_steps):
+                    state.evals.append({"step": state.step,
+                                        "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
+                    accelerator.print(f"step {state.step}: eval perplexity {state.evals[-1]['perplexity']:.3f}")
+                flag = accelerator.reduce(torch.tensor(float(stop.requested), device=device), reduction="sum")
+                interrupted = flag.item() > 0
+                if interrupted or (args.save_every and state.step % args.save_every == 0) or state.step == max_steps:
+                    state.elapsed_s += time.perf_counter() - run_start
+                    run_start = time.perf_counter()
+                    _save_checkpoint(accelerator, output, state)
+                if interrupted or state.step >= max_steps:
+                    break
+    progress.close()
+    state.elapsed_s += time.perf_counter() - run_start
+    run_seconds = max(state.elapsed_s, 1e-9)
+    report |= {
+        "interrupted": interrupted,
+        "steps": state.step,
+        "tokens": state.tokens,
+        "train_seconds": round(state.elapsed_s, 2),
+        "tokens_per_s": round(state.tokens / run_seconds, 1),
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "first_loss": state.losses[0] if state.losses else None,
+        "last_loss": state.losses[-1] if state.losses else None,
+        "losses": state.losses,
+        "evals": state.evals,
+    }
+    if interrupted:
+        accelerator.print(f"interrupted at step {state.step}: checkpoint in {checkpoint}; rerun to resume")
+        return report
+    accelerator.wait_for_everyone()
+    final = output / "final"
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.config.use_cache = True
+    unwrapped.save_pretrained(final, is_main_process=accelerator.is_main_process,
+                              save_function=accelerator.save, state_dict=accelerator.get_state_dict(model))
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(final)
+        (output / "report.json").write_text(json.dumps(report, indent=1))
+    accelerator.wait_for_everyone()
+    return report
