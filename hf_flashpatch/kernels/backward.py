@@ -1,0 +1,404 @@
+"""FlashAttention-2 backward (``cuda/bwd.cu``) as the custom op ``hf_flashpatch::attention_backward``,
+and the autograd of ``hf_flashpatch::attention_forward`` built on it.
+
+Layout: q/out/dout ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, lse ``(B, H, S_q)`` fp32 natural log;
+varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, lse ``(H, T_q)``, ``cu_seqlens`` int32 ``(N + 1,)``.
+Any strides with a contiguous last dim (16-byte aligned rows; anything else is copied first).
+Returns dq in q's shape and dtype, dk/dv in k/v's (contiguous). Query head ``h`` reads KV head
+``h // (H // H_kv)``; dk/dv sum over the group inside the kernel (no ``repeat_kv`` copy).
+
+Launch sequence (one stream):
+
+1. ``bwd_preprocess``: ``D = rowsum(dO * O) - dLSE`` and ``lse * log2(e)`` into padded workspaces.
+2. ``deterministic=False``: ``bwd_dkdv_dq_atomic`` (dK, dV in registers per K/V tile; dQ added to an
+   fp32 workspace with atomics), then ``bwd_convert_dq`` (scale + cast). One pass over the 5 GEMMs.
+   ``deterministic=True``: ``bwd_dkdv`` (no dQ) then ``bwd_dq`` (one block per query tile, dQ in
+   registers, no atomics): bit-identical results run to run, at the price of recomputing ``Q K^T`` and
+   ``dO V^T`` (7 GEMMs instead of 5, so about 1.4x the backward time; see ``notes/backward.md``).
+
+Fallback: calls the kernels cannot serve (CPU, fp32, head dims other than 32/64/96/128/256, no
+pycuda/nvcc, compute capability < 8.0) raise :class:`KernelUnsupported` from
+:func:`attention_backward`; the custom op and the autograd take :func:`torch_backward` instead
+(warning once): it recomputes ``P = exp(S - lse)`` in fp32 one query chunk at a time (memory
+``O(chunk * S_k)``) and applies the same gradient formulas.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..errors import KernelUnsupported
+from . import kernels_unavailable_reason
+from .build import KernelBuild, arch_for_capability, get_kernel
+
+LOG2E = 1.4426950408889634
+SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+_ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
+
+
+@dataclass(frozen=True)
+class BackwardConfig:
+    """Tile shape of one ``cuda/bwd.cu`` build; the frozen instance keys the compile cache.
+
+    ``bwd_dkdv``: ``num_warps`` warps; ``num_warps / d_split`` groups of 16 keys (``block_n`` keys per
+    block); each warp owns ``head_dim / d_split`` columns of dK/dV; ``block_m`` query rows per step.
+    ``bwd_dq``: ``dq_warps * 16`` query rows per block, ``dq_block_n`` keys per step.
+    """
+
+    head_dim: int
+    bf16: bool
+    softcap: bool
+    block_m: int = 64
+    num_warps: int = 8
+    d_split: int = 1
+    dq_block_n: int = 64
+    dq_warps: int = 8
+    ss_unroll: int = 2
+    rs_unroll: int = 8
+    dq_chunk: int = 32
+    arch: str = "sm_90a"
+
+    @property
+    def block_n(self) -> int:
+        return (self.num_warps // self.d_split) * 16
+
+    @property
+    def threads(self) -> int:
+        return self.num_warps * 32
+
+    @property
+    def dq_block_m(self) -> int:
+        return self.dq_warps * 16
+
+    @staticmethod
+    def choose(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str = "sm_90a") -> "BackwardConfig":
+        """The tile choice, one branch per reason (registers are the limit: dK and dV accumulate in
+        registers for the whole block, 2 * 16 * head_dim / 32 fp32 per thread per warp)."""
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise KernelUnsupported(f"backward kernel head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise KernelUnsupported(f"backward kernel needs float16 or bfloat16, got {dtype}")
+        bf16 = dtype == torch.bfloat16
+        if head_dim == 256:
+            # 128 dK/dV registers per warp-row would not fit: two warps share 16 keys, each owning half
+            # of D (S and dP are computed by both), and bwd_dq takes 64-row tiles to fit its smem.
+            return BackwardConfig(256, bf16, softcap, block_m=32 if softcap else 64, d_split=2, dq_block_n=32,
+                                  dq_warps=4, arch=arch)  # fmt: skip
+        if softcap and head_dim >= 128:
+            # softcap keeps 1 - tanh^2 per score in registers: halve the query step to stay spill-free.
+            return BackwardConfig(head_dim, bf16, softcap, block_m=32, arch=arch)
+        return BackwardConfig(head_dim, bf16, softcap, block_m=64, arch=arch)
+
+    def build(self) -> KernelBuild:
+        defines = (
+            ("HEAD_DIM", self.head_dim), ("ELEM_BF16", int(self.bf16)), ("HAS_SOFTCAP", int(self.softcap)),
+            ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
+            ("DQ_BLOCK_N", self.dq_block_n), ("DQ_WARPS", self.dq_warps), ("SS_UNROLL", self.ss_unroll),
+            ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk),
+        )  # fmt: skip
+        return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
+
+    def dkdv_smem_bytes(self) -> int:
+        pad_d, pad_m = self.head_dim + 8, self.block_m + 8
+        elems = 2 * self.block_n * pad_d + 4 * self.block_m * pad_d + self.block_n * pad_m
+        return 2 * elems + 4 * 4 * self.block_m
+
+    def dq_smem_bytes(self) -> int:
+        return 2 * (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.head_dim + 8)
+
+
+def all_builds() -> list[KernelBuild]:
+    """Every variant :func:`attention_backward` can launch on sm_90a (for the CI compile check)."""
+    return [
+        BackwardConfig.choose(d, dtype, softcap).build()
+        for d in SUPPORTED_HEAD_DIMS
+        for dtype in (torch.bfloat16, torch.float16)
+        for softcap in (False, True)
+    ]
+
+
+# ------------------------------------------------------------------------------------ launching
+
+_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 2
+_ARGS_DQ = "P" * 9 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 2
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """cp.async moves 16-byte chunks: rows must start 16-byte aligned with a contiguous last dim."""
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
+def normalize_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
+    """(left, right) with -1 unbounded; causal (bottom-right) clamps right to 0."""
+    left = -1 if window_left < 0 else int(window_left)
+    right = -1 if window_right < 0 else int(window_right)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float) -> BackwardConfig:
+    """The config that serves this call, or :class:`KernelUnsupported` saying why none does."""
+    reason = kernels_unavailable_reason(q)
+    if reason is not None:
+        raise KernelUnsupported(reason)
+    if v.shape[-1] != q.shape[-1]:
+        raise KernelUnsupported(f"backward kernel needs v's head_dim == q's, got {tuple(v.shape)} and {tuple(q.shape)}")
+    arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
+    return BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch)
+
+
+def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
+                     deterministic):  # fmt: skip
+    varlen = cu_q is not None
+    dout, q, k, v, out = (_aligned(t) for t in (dout, q, k, v, out))
+    lse = lse.float().contiguous()
+    dlse = dlse.float().contiguous() if dlse is not None else None
+    heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    if varlen:
+        batch, batch_ws, rows_valid = cu_q.numel() - 1, 1, q.shape[0]
+        seqlen_q, seqlen_k = int(max_q), int(max_k)
+        cu_q, cu_k = cu_q.to(torch.int32).contiguous(), cu_k.to(torch.int32).contiguous()
+
+        def strides(t):  # (T, H, D): no batch stride, sequence b starts at cu_seqlens[b]
+            return 0, t.stride(0), t.stride(1)
+    else:
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        seqlen_k, batch_ws, rows_valid = k.shape[1], batch, seqlen_q
+
+        def strides(t):  # (B, S, H, D)
+            return t.stride(0), t.stride(1), t.stride(2)
+
+    rows_pad = (rows_valid + _ROW_PAD - 1) // _ROW_PAD * _ROW_PAD + _ROW_PAD
+    device = q.device
+    build = cfg.build()
+    lse2 = torch.empty(batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # lse * log2(e)
+    dvec = torch.empty_like(lse2)  # rowsum(dO * O) - dLSE
+    pre = get_kernel(build, "bwd_preprocess", "PPPPPP" + "q" * 6 + "iii", device)
+    pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, *strides(out),
+        *strides(dout), heads, rows_valid, rows_pad, tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()))  # fmt: skip
+
+    # varlen: tokens past cu_seqlens[-1] belong to no sequence; the kernels skip them, so start from 0
+    alloc = torch.zeros if varlen else torch.empty
+    dq = alloc(q.shape, dtype=q.dtype, device=device)
+    dk = alloc(k.shape, dtype=k.dtype, device=device)
+    dv = alloc(v.shape, dtype=v.dtype, device=device)
+    scalars = (seqlen_q, seqlen_k, heads, kv_heads, rows_pad, scale, scale * LOG2E,
+               scale / softcap if softcap else 0.0, softcap * LOG2E, left, right)  # fmt: skip
+    inputs = (q, k, v, dout, lse2, dvec)
+    all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))
+    cu = (cu_q, cu_k) if varlen else (None, None)
+    cu_tensors = (cu_q, cu_k) if varlen else ()
+    grid_kv = ((seqlen_k + cfg.block_n - 1) // cfg.block_n, kv_heads, batch)
+    if deterministic:
+        dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
+        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars,
+             shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip
+        dq_kernel = get_kernel(build, "bwd_dq", _ARGS_DQ, device)
+        grid_q = ((seqlen_q + cfg.dq_block_m - 1) // cfg.dq_block_m, heads, batch)
+        dq_kernel(grid_q, (cfg.dq_warps * 32, 1, 1), *inputs, dq, *cu, *all_strides, *scalars,
+                  shared_bytes=cfg.dq_smem_bytes(), tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
+    else:
+        dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
+        dkdv = get_kernel(build, "bwd_dkdv_dq_atomic", _ARGS_DKDV, device)
+        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
+             shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
+        convert = get_kernel(build, "bwd_convert_dq", "PPiiif", device)
+        blocks = (rows_valid * head_dim // 8 + 255) // 256
+        if blocks > 0:
+            convert((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,
+                    tensors=(dq_accum, dq))  # fmt: skip
+    return dq, dk, dv
+
+
+# ------------------------------------------------------------------------------------ torch fallback
+
+
+def _visible(seqlen_q: int, seqlen_k: int, q0: int, q1: int, left: int, right: int, device) -> torch.Tensor:
+    """Bool (q1 - q0, seqlen_k): query i sees key j (bottom-right aligned window, -1 unbounded)."""
+    qpos = torch.arange(q0, q1, device=device)[:, None] + (seqlen_k - seqlen_q)  # (c, 1)
+    kpos = torch.arange(seqlen_k, device=device)[None, :]  # (1, S_k)
+    mask = torch.ones(q1 - q0, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= kpos >= qpos - left
+    if right >= 0:
+        mask &= kpos <= qpos + right
+    return mask
+
+
+def _torch_backward_batched(dout, q, k, v, out, lse, dlse, scale, left, right, softcap):
+    """q/out/dout (B, S_q, H, D), k/v (B, S_k, H_kv, D), lse/dlse (B, H, S_q) -> fp32 dq, dk, dv."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, kv_heads = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+
+    def by_group(t):  # (B, S, H, D) -> (B, H_kv, G, S, D)
+        return t.float().reshape(batch, t.shape[1], kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+
+    qf, dof = by_group(q), by_group(dout)
+    kf = k.float().permute(0, 2, 1, 3).unsqueeze(2)  # (B, H_kv, 1, S_k, D)
+    vf = v.float().permute(0, 2, 1, 3).unsqueeze(2)  # (B, H_kv, 1, S_k, D)
+    lse_g = lse.float().reshape(batch, kv_heads, group, seqlen_q)  # (B, H_kv, G, S_q)
+    dvec = (dof * by_group(out)).sum(-1)  # (B, H_kv, G, S_q)
+    if dlse is not None:
+        dvec = dvec - dlse.float().reshape(batch, kv_heads, group, seqlen_q)
+    dq = torch.empty_like(qf)
+    dk = torch.zeros(batch, kv_heads, seqlen_k, head_dim, dtype=torch.float32, device=q.device)
+    dv = torch.zeros_like(dk)
+    chunk = max(1, min(seqlen_q, (1 << 25) // max(1, batch * heads * seqlen_k)))
+    for q0 in range(0, seqlen_q, chunk):
+        q1 = min(seqlen_q, q0 + chunk)
+        s = torch.matmul(qf[..., q0:q1, :], kf.transpose(-1, -2)) * scale  # (B, H_kv, G, c, S_k)
+        if softcap:
+            t = torch.tanh(s / softcap)
+            s = softcap * t
+        row_lse = lse_g[..., q0:q1, None]  # (B, H_kv, G, c, 1)
+        keep = _visible(seqlen_q, seqlen_k, q0, q1, left, right, q.device) & torch.isfinite(row_lse)
+        p = torch.where(keep, torch.exp(s - row_lse.clamp_min(-1e30)), 0.0)  # (B, H_kv, G, c, S_k)
+        do_c = dof[..., q0:q1, :]  # (B, H_kv, G, c, D)
+        dv += torch.matmul(p.transpose(-1, -2), do_c).sum(2)  # (B, H_kv, S_k, D)
+        ds = p * (torch.matmul(do_c, vf.transpose(-1, -2)) - dvec[..., q0:q1, None])
+        if softcap:
+            ds = ds * (1.0 - t * t)
+        dq[..., q0:q1, :] = torch.matmul(ds, kf) * scale
+        dk += torch.matmul(ds.transpose(-1, -2), qf[..., q0:q1, :]).sum(2) * scale
+    dq = dq.permute(0, 3, 1, 2, 4).reshape(batch, seqlen_q, heads, head_dim)  # (B, S_q, H, D)
+    return dq, dk.permute(0, 2, 1, 3), dv.permute(0, 2, 1, 3)  # dk/dv (B, S_k, H_kv, D)
+
+
+def torch_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, left, right, softcap):
+    """Gradients by fp32 recomputation in torch (the documented fallback); same layouts as the kernel."""
+    if cu_q is None:
+        dq, dk, dv = _torch_backward_batched(dout, q, k, v, out, lse, dlse, scale, left, right, softcap)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[i], cq[i + 1], ck[i], ck[i + 1]
+        if q1 == q0:
+            continue
+        grads = _torch_backward_batched(
+            dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
+            lse[None, :, q0:q1], None if dlse is None else dlse[None, :, q0:q1], scale, left, right, softcap,
+        )  # fmt: skip
+        dq[q0:q1], dk[k0:k1], dv[k0:k1] = grads[0][0], grads[1][0], grads[2][0]
+    return dq, dk, dv
+
+
+# ------------------------------------------------------------------------------------ custom op
+
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"hf_flashpatch: backward kernel not used ({reason}); taking the torch fallback", stacklevel=3)
+
+
+def _backward_impl(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    dlse: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+    max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op body: the kernel when it serves the call, else :func:`torch_backward` (warns once)."""
+    try:
+        cfg = check_supported(q, k, v, softcap)
+        return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
+    except KernelUnsupported as exc:
+        _warn_once(str(exc))
+    return torch_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left,
+                          window_right, softcap)  # fmt: skip
+
+
+def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   softmax_scale, window_left, window_right, softcap, deterministic):  # fmt: skip
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _define_op():
+    """Define ``hf_flashpatch::attention_backward`` once per process (a re-imported module reuses it)."""
+    try:
+        return torch.ops.hf_flashpatch.attention_backward
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op("hf_flashpatch::attention_backward", mutates_args=())(_backward_impl)
+    op.register_fake(_backward_fake)
+    return torch.ops.hf_flashpatch.attention_backward
+
+
+_backward_op = _define_op()
+
+
+def attention_backward(
+    dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+    softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0, deterministic=False, dlse=None,
+):  # fmt: skip
+    """Gradients ``(dq, dk, dv)`` of attention by the CUDA kernel (layouts in the module docstring).
+
+    ``dlse`` (optional, lse's shape): gradient flowing into the returned log-sum-exp. Raises
+    :class:`KernelUnsupported` for a call the kernel does not serve (see :func:`torch_backward`).
+    """
+    if cu_seqlens_q is None:
+        if q.dim() != 4:
+            raise ValueError(f"q must be (B, S_q, H, D) without cu_seqlens, got {tuple(q.shape)}")
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    elif max_seqlen_q is None or max_seqlen_k is None:
+        raise ValueError("varlen backward needs max_seqlen_q and max_seqlen_k")
+    if dout.shape != q.shape or out.shape != q.shape:
+        raise ValueError(f"dout and out must match q {tuple(q.shape)}, got {tuple(dout.shape)} and {tuple(out.shape)}")
+    check_supported(q, k, v, softcap)
+    scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    left, right = normalize_window(causal, window_left, window_right)
+    return _backward_op(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                        int(max_seqlen_k), scale, left, right, float(softcap or 0.0), bool(deterministic))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ autograd of the forward op
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    left, right = normalize_window(causal, left, right)
+    ctx.attrs = (int(max_q), int(max_k), float(scale), left, right, float(softcap or 0.0), bool(deterministic))
+
+
+def _backward_fn(ctx, dout, dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    max_q, max_k, scale, left, right, softcap, deterministic = ctx.attrs
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right,
+                              softcap, deterministic)  # fmt: skip
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+_registered = False
+
+
+def register_autograd() -> bool:
+    """Attach the backward to ``hf_flashpatch::attention_forward`` if that op exists (idempotent).
+    Returns whether the forward op is now differentiable through this module."""
+    global _registered
+    if _registered:
+        return True
+    try:
+        torch.ops.hf_flashpatch.attention_forward  # noqa: B018 (lookup raises if the op is not defined yet)
+    except (AttributeError, RuntimeError):
+        return False
+    torch.library.register_autograd("hf_flashpatch::attention_forward", _backward_fn, setup_context=_setup_context)
+    _registered = True
+    return True
+
+
+register_autograd()
