@@ -1,0 +1,153 @@
+"""Forward attention throughput: our kernel against torch SDPA (flash, cuDNN) and FlexAttention.
+
+    python scripts/bench_forward.py [--quick] [--sweep]
+
+FlashAttention's benchmark configuration: 16k tokens per batch (batch = 16384 // seqlen), hidden
+2048 (heads = 2048 // head_dim), bf16, seqlens 512..16k, head dims 64 and 128, causal and not.
+Tensors are ``(B, S, H, D)``; the peers get ``transpose(1, 2)`` views of the same memory.
+TFLOP/s = 4 * B * H * S^2 * D / time (halved for causal); time is the median of
+``triton.testing.do_bench``. ``run(results, quick)`` appends one dict per (implementation, shape)
+for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of
+``hf_flashpatch.kernels.tiles.CANDIDATE_SHAPES``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TOKENS = 16384
+HIDDEN = 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_SEQLENS = (2048, 16384)
+HEAD_DIMS = (64, 128)
+
+
+def _time_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _tflops(batch, heads, seqlen, head_dim, causal, ms) -> float:
+    flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    return flops / ms / 1e9
+
+
+def _inputs(seqlen, head_dim, dtype=torch.bfloat16):
+    batch, heads = TOKENS // seqlen, HIDDEN // head_dim
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype) for _ in range(3))  # (B, S, H, D)
+    return batch, heads, q, k, v
+
+
+def _ours(q, k, v, causal, shape=None):
+    from hf_flashpatch.kernels import forward
+
+    if shape is None:
+        return lambda: forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
+                                                 window_right=0 if causal else -1, softcap=None)  # fmt: skip
+    return lambda: forward._launch(q, k, v, None, None, 0, 0, None, causal, -1, 0 if causal else -1, 0.0, shape)
+
+
+def _sdpa(q, k, v, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D) views
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+
+    def call():
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return call
+
+
+def _flex(q, k, v, causal):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D) views
+    block_mask = None
+    if causal:
+        seqlen = q.shape[1]
+        block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seqlen, seqlen)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda: compiled(qt, kt, vt, block_mask=block_mask)
+
+
+def run(results: list, quick: bool = False) -> None:
+    """Append one row per (implementation, head dim, seqlen, causal) to ``results``."""
+    seqlens = QUICK_SEQLENS if quick else SEQLENS
+    for head_dim in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in seqlens:
+                batch, heads, q, k, v = _inputs(seqlen, head_dim)
+                peers = {"sdpa_flash": _sdpa(q, k, v, causal, "flash"), "sdpa_cudnn": _sdpa(q, k, v, causal, "cudnn")}
+                if not quick or (head_dim, seqlen) == (128, 2048):  # Flex recompiles per shape: quick keeps one
+                    peers["flex"] = _flex(q, k, v, causal)
+                ours = _ours(q, k, v, causal)
+                reference = peers["sdpa_flash"]().transpose(1, 2)  # (B, S, H, D)
+                max_diff = (ours()[0].float() - reference.float()).abs().max().item()
+                panel = f"fwd d{head_dim} {'causal' if causal else 'full'}"
+                base = dict(part="forward", panel=panel, head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen,
+                            unit="TFLOP/s")  # fmt: skip
+                speeds = {}
+                for name, fn in {"ours": ours, **peers}.items():
+                    try:
+                        ms = _time_ms(fn)
+                    except Exception as exc:  # a peer backend missing for this shape is reported, not fatal
+                        results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+                        continue
+                    speeds[name] = _tflops(batch, heads, seqlen, head_dim, causal, ms)
+                    row = dict(base, series=name, value=speeds[name], ms=ms)
+                    if name == "ours":
+                        row["max_abs_diff_vs_sdpa_flash"] = max_diff
+                    results.append(row)
+                if "ours" in speeds:
+                    for name, value in speeds.items():
+                        if name != "ours":
+                            results.append(dict(base, series=f"ours/{name}", value=speeds["ours"] / value, unit="ratio"))
+                del q, k, v
+                torch.cuda.empty_cache()
+
+
+def sweep_tiles(results: list, seqlen: int = 4096) -> None:
+    """Time every candidate tile shape (and the default) at one seqlen, causal and not."""
+    from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, forward_tile_shape
+
+    for head_dim, shapes in CANDIDATE_SHAPES.items():
+        batch, heads, q, k, v = _inputs(seqlen, head_dim)
+        for causal in (False, True):
+            for shape in shapes:
+                ms = _time_ms(_ours(q, k, v, causal, shape))
+                results.append(dict(part="forward", panel="tile sweep", series=repr(shape), head_dim=head_dim,
+                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim),
+                                    value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s"))  # fmt: skip
+
+
+def _print(rows: list) -> None:
+    print(f"{'series':<22} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>9} unit")
+    for r in rows:
+        value = "-" if r.get("value") is None else f"{r['value']:.3g}"
+        extra = f"  maxdiff={r['max_abs_diff_vs_sdpa_flash']:.3g}" if "max_abs_diff_vs_sdpa_flash" in r else ""
+        extra += f"  {r['error']}" if "error" in r else ""
+        extra += "  (default)" if r.get("default") else ""
+        print(f"{r['series'][:22]:<22} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>9} "
+              f"{r['unit']}{extra}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only, FlexAttention at d128 2k only")
+    parser.add_argument("--sweep", action="store_true", help="also time the candidate tile shapes at seqlen 4k")
+    args = parser.parse_args()
+    rows: list = []
+    if args.sweep:
+        sweep_tiles(rows)
+    run(rows, quick=args.quick)
+    _print(rows)

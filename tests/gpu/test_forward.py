@@ -1,0 +1,246 @@
+"""The FlashAttention forward kernel against the fp32 oracle, on a real GPU.
+
+Layout: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)`` (varlen: ``(T, H, D)``). The bound, as in
+flash-attn's tests: the kernel's max error against the fp32 oracle must be at most twice that of a
+same-precision torch run (scores, softmax and P @ V in the input dtype) plus a small eps. The
+allocator is filled with NaN before every kernel call, so an output element the kernel never writes
+shows up as NaN.
+"""
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("pycuda")
+
+from hf_flashpatch.kernels.forward import attention_forward  # noqa: E402
+from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
+
+DTYPES = [torch.bfloat16, torch.float16]
+SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024), (4224, 4224), (128, 217), (217, 128)]
+HEADS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
+
+
+def _poison_allocator(nbytes: int) -> None:
+    """Leave NaN-filled blocks in torch's caching allocator so torch.empty inside the op gets them."""
+    blocks = [torch.full((max(nbytes // 4, 1),), float("nan"), device="cuda") for _ in range(3)]
+    del blocks
+
+
+def _run(q, k, v, *, causal=False, window=(-1, -1), softcap=None, scale=None, **varlen):
+    _poison_allocator(q.numel() * q.element_size())
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return attention_forward(q, k, v, causal=causal, softmax_scale=scale, window_left=left, window_right=right,
+                             softcap=softcap, **varlen)  # fmt: skip
+
+
+def _lowp_attention(q, k, v, *, causal=False, window=(-1, -1), softcap=None, scale=None):
+    """Same-precision torch attention (flash-attn's ``upcast=False`` reference): every op in q's dtype."""
+    group = q.shape[2] // k.shape[2]
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    qh = q.transpose(1, 2)  # (B, H, S_q, D)
+    kh = k.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
+    vh = v.transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
+    scores = torch.matmul(qh, kh.transpose(-1, -2)) * scale  # (B, H, S_q, S_k), q's dtype
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    visible = visibility_mask(q.shape[1], k.shape[1], left, right, device=q.device)  # (S_q, S_k)
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
+    return torch.matmul(probs, vh).transpose(1, 2)  # (B, S_q, H, D)
+
+
+def _oracle(q, k, v, *, causal=False, window=(-1, -1), softcap=None, scale=None):
+    return attention_reference(q.float(), k.float(), v.float(), causal=causal, window=window, softcap=softcap,
+                               softmax_scale=scale)  # fmt: skip
+
+
+def _check(out, lse, q, k, v, **kw):
+    """Kernel vs oracle within 2x the same-precision torch error; LSE close; -inf rows match."""
+    out_ref, lse_ref = _oracle(q, k, v, **kw)
+    out_lowp = _lowp_attention(q, k, v, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    err = (out.float() - out_ref).abs().max().item()
+    err_lowp = (out_lowp.float() - out_ref).abs().max().item()
+    assert err <= 2 * err_lowp + 1e-5, f"kernel error {err:.3g} > 2 x same-precision torch error {err_lowp:.3g}"
+    unseen = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), unseen), "rows that see no key must have lse = -inf (and only those)"
+    torch.testing.assert_close(lse[~unseen], lse_ref[~unseen], atol=1e-3, rtol=1e-3)
+
+
+def _qkv(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, transposed=False):
+    if transposed:  # transformers' layout: (B, H, S, D) storage viewed as (B, S, H, D)
+        q = torch.randn(batch, heads, seqlen_q, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+        k = torch.randn(batch, kv_heads, seqlen_k, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+        v = torch.randn(batch, kv_heads, seqlen_k, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+        return q, k, v
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn(batch, seqlen_k, kv_heads, head_dim, device="cuda", dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", list(HEADS), ids=list(HEADS))
+@pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"{a}x{b}" for a, b in SEQLENS])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_matches_oracle(dtype, head_dim, heads, seqlens, causal):
+    seqlen_q, seqlen_k = seqlens
+    batch = 1 if seqlen_q * seqlen_k > 1 << 20 else 2
+    q, k, v = _qkv(batch, seqlen_q, seqlen_k, *HEADS[heads], head_dim, dtype)
+    out, lse = _run(q, k, v, causal=causal)
+    _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("seqlens", [(113, 203), (239, 1), (1023, 1024)], ids=["113x203", "239x1", "1023x1024"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_other_head_dims(dtype, head_dim, seqlens, causal):
+    q, k, v = _qkv(2, *seqlens, 4, 2, head_dim, dtype)
+    out, lse = _run(q, k, v, causal=causal)
+    _check(out, lse, q, k, v, causal=causal)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(
+    "window,causal,seqlens",
+    [((32, -1), True, (1023, 1024)), ((64, 16), False, (500, 700)), ((0, 0), False, (239, 239)),
+     ((-1, 5), False, (300, 200)), ((100, -1), True, (4224, 4224)), ((7, 3), False, (113, 203))],
+    ids=["causal-left32", "left64-right16", "diagonal", "right5", "causal-left100-long", "left7-right3"],
+)  # fmt: skip
+def test_sliding_window(head_dim, window, causal, seqlens):
+    q, k, v = _qkv(1, *seqlens, 4, 2, head_dim, torch.bfloat16)
+    out, lse = _run(q, k, v, causal=causal, window=window)
+    _check(out, lse, q, k, v, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_softcap_and_custom_scale(dtype, causal):
+    q, k, v = _qkv(2, 239, 513, 8, 4, 128, dtype)
+    q = q * 3  # scores well into tanh's curved range
+    out, lse = _run(q, k, v, causal=causal, softcap=2.5, scale=0.2)
+    _check(out, lse, q, k, v, causal=causal, softcap=2.5, scale=0.2)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_strided_transformers_layout(head_dim, causal):
+    q, k, v = _qkv(2, 1023, 1024, 8, 2, head_dim, torch.bfloat16, transposed=True)
+    assert not q.is_contiguous()
+    out, lse = _run(q, k, v, causal=causal)
+    _check(out, lse, q, k, v, causal=causal)
+
+
+def test_fully_masked_rows_are_zero_with_neg_inf_lse():
+    q, k, v = _qkv(1, 300, 40, 4, 4, 64, torch.bfloat16)
+    out, lse = _run(q, k, v, causal=True)  # bottom-right: the first 260 queries see no key
+    assert torch.count_nonzero(out[:, :260]) == 0
+    assert torch.isneginf(lse[:, :, :260]).all() and torch.isfinite(lse[:, :, 260:]).all()
+    _check(out, lse, q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("heads", ["mha", "gqa"])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (48, -1))],
+                         ids=["full", "causal", "causal-window"])  # fmt: skip
+def test_varlen(heads, causal, window):
+    seqlens_q = [1, 113, 0, 239, 700, 64]
+    seqlens_k = [1, 203, 5, 239, 700, 300]
+    n_heads, n_kv = HEADS[heads]
+    cu_q = torch.tensor([0] + seqlens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + seqlens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(seqlens_q), n_heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(seqlens_k), n_kv, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(sum(seqlens_k), n_kv, 128, device="cuda", dtype=torch.bfloat16)
+    out, lse = _run(q, k, v, causal=causal, window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    max_seqlen_q=max(seqlens_q), max_seqlen_k=max(seqlens_k))  # fmt: skip
+    assert out.shape == q.shape and lse.shape == (n_heads, q.shape[0])
+    out_ref, lse_ref = varlen_attention_reference(q.float(), k.float(), v.float(), cu_q, cu_k, causal=causal,
+                                                  window=window)  # fmt: skip
+    # same-precision error, sequence by sequence
+    err_lowp = 0.0
+    for i in range(len(seqlens_q)):
+        q0, q1, k0, k1 = cu_q[i].item(), cu_q[i + 1].item(), cu_k[i].item(), cu_k[i + 1].item()
+        if q1 > q0:
+            o = _lowp_attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal=causal, window=window)[0]
+            err_lowp = max(err_lowp, (o.float() - out_ref[q0:q1]).abs().max().item())
+    assert not out.isnan().any()
+    err = (out.float() - out_ref).abs().max().item()
+    assert err <= 2 * err_lowp + 1e-5, f"varlen error {err:.3g} > 2 x {err_lowp:.3g}"
+    unseen = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), unseen)
+    torch.testing.assert_close(lse[~unseen], lse_ref[~unseen], atol=1e-3, rtol=1e-3)
+
+
+def test_side_stream():
+    q, k, v = _qkv(2, 1023, 1024, 8, 2, 128, torch.bfloat16)
+    expected, _ = _run(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        q2 = q * 1.0  # produced on the side stream: the kernel must wait for it
+        out, _ = _run(q2, k, v, causal=True)
+        out = out * 1.0
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = _qkv(2, 513, 513, 8, 2, 64, torch.bfloat16)
+    static_q = q.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile, load) outside the capture
+        _run(static_q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_lse = attention_forward(static_q, k, v, causal=True, softmax_scale=None, window_left=-1,
+                                                   window_right=0, softcap=None)  # fmt: skip
+    new_q = torch.randn_like(q)
+    static_q.copy_(new_q)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected_out, expected_lse = _run(new_q, k, v, causal=True)
+    torch.testing.assert_close(static_out, expected_out, atol=0, rtol=0)
+    torch.testing.assert_close(static_lse, expected_lse, atol=0, rtol=0)
+
+
+def test_torch_compile_fullgraph():
+    q, k, v = _qkv(2, 239, 300, 8, 2, 128, torch.bfloat16)
+
+    def attend(q, k, v):
+        out, lse = attention_forward(q, k, v, causal=True, softmax_scale=None, window_left=-1, window_right=0,
+                                     softcap=None)  # fmt: skip
+        return out * 2.0, lse
+
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    out, lse = compiled(q, k, v)
+    expected_out, expected_lse = _run(q, k, v, causal=True)
+    torch.testing.assert_close(out, expected_out * 2.0, atol=0, rtol=0)
+    torch.testing.assert_close(lse, expected_lse, atol=0, rtol=0)
+
+
+def test_unsupported_inputs_raise_kernel_unsupported():
+    from hf_flashpatch.errors import KernelUnsupported
+
+    q, k, v = _qkv(1, 16, 16, 2, 2, 64, torch.float32)
+    with pytest.raises(KernelUnsupported, match="got torch.float32"):
+        _run(q, k, v)
+    q, k, v = _qkv(1, 16, 16, 2, 2, 80, torch.bfloat16)
+    with pytest.raises(KernelUnsupported, match="head dims"):
+        _run(q, k, v)

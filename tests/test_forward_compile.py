@@ -1,0 +1,98 @@
+"""CPU checks of the forward kernel: every shipped variant compiles for sm_90a without register spills,
+the op's schema and fake (meta) implementation give the documented shapes, and unsupported inputs raise
+KernelUnsupported before any GPU work. Layout: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``.
+"""
+
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from hf_flashpatch.errors import KernelUnsupported
+from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
+from hf_flashpatch.kernels.forward import SUPPORTED_HEAD_DIMS, ForwardConfig, all_builds, attention_forward
+from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, forward_tile_shape
+
+BUILDS = all_builds()
+
+
+def _ptxas_numbers(report: str) -> dict[str, int]:
+    numbers = {
+        "registers": re.search(r"Used (\d+) registers", report),
+        "stack": re.search(r"(\d+) bytes stack frame", report),
+        "spill_stores": re.search(r"(\d+) bytes spill stores", report),
+        "spill_loads": re.search(r"(\d+) bytes spill loads", report),
+    }
+    missing = [name for name, match in numbers.items() if match is None]
+    assert not missing, f"ptxas -v report lacks {missing}:\n{report}"
+    return {name: int(match.group(1)) for name, match in numbers.items()}
+
+
+@pytest.fixture(scope="module")
+def ptxas_reports(tmp_path_factory):
+    """Compile every build once, in parallel (CI has 2 cores), into a private cache."""
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    previous = os.environ.get("HF_FLASHPATCH_CACHE")
+    os.environ["HF_FLASHPATCH_CACHE"] = str(tmp_path_factory.mktemp("cubins"))
+    try:
+        with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+            reports = list(pool.map(lambda build: compile_cubin(build, verbose_ptxas=True)[1], BUILDS))
+    finally:
+        if previous is None:
+            del os.environ["HF_FLASHPATCH_CACHE"]
+        else:
+            os.environ["HF_FLASHPATCH_CACHE"] = previous
+    return dict(zip(BUILDS, reports))
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: "-".join(f"{k}={v}" for k, v in b.defines))
+def test_build_compiles_without_spills(build, ptxas_reports):
+    numbers = _ptxas_numbers(ptxas_reports[build])
+    assert numbers["spill_stores"] == 0 and numbers["spill_loads"] == 0, f"{build}: {numbers}"
+    assert numbers["stack"] == 0, f"{build} uses a local-memory stack frame: {numbers}"
+
+
+def test_all_builds_cover_every_dtype_head_dim_and_mask():
+    configs = {(dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in BUILDS}
+    assert len(BUILDS) == len(configs) == 2 * len(SUPPORTED_HEAD_DIMS) * 2
+
+
+@pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
+def test_tile_shapes_are_valid_and_fit_shared_memory(head_dim):
+    for shape in (forward_tile_shape(head_dim), *CANDIDATE_SHAPES.get(head_dim, ())):
+        config = ForwardConfig.for_problem(head_dim, "bf16", True, shape)  # validates divisibility
+        assert config.shared_bytes <= 232448, config
+
+
+def test_config_rejects_bad_tiles():
+    with pytest.raises(ValueError, match="head_dim"):
+        ForwardConfig(head_dim=80, dtype="bf16", block_m=128, block_n=64, num_warps=4)
+    with pytest.raises(ValueError, match="invalid tile"):
+        ForwardConfig(head_dim=64, dtype="bf16", block_m=96, block_n=64, num_warps=4)
+
+
+def test_op_schema_and_fake_shapes():
+    schema = str(torch.ops.hf_flashpatch.attention_forward.default._schema)
+    assert "Tensor? cu_seqlens_q" in schema and schema.endswith("-> (Tensor, Tensor)")
+    q = torch.empty(2, 7, 8, 64, device="meta", dtype=torch.bfloat16)  # (B, S_q, H, D)
+    k = torch.empty(2, 9, 2, 64, device="meta", dtype=torch.bfloat16)  # (B, S_k, H_kv, D)
+    out, lse = torch.ops.hf_flashpatch.attention_forward(q, k, k, None, None, 0, 0, 0.125, True, -1, 0, 0.0, False)
+    assert out.shape == (2, 7, 8, 64) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, 7) and lse.dtype == torch.float32
+    qv = torch.empty(30, 8, 64, device="meta", dtype=torch.float16)  # (T_q, H, D)
+    kv = torch.empty(40, 1, 64, device="meta", dtype=torch.float16)  # (T_k, H_kv, D)
+    cu = torch.empty(4, device="meta", dtype=torch.int32)
+    out, lse = torch.ops.hf_flashpatch.attention_forward(qv, kv, kv, cu, cu, 16, 20, 0.125, False, -1, -1, 0.0, False)
+    assert out.shape == (30, 8, 64) and lse.shape == (8, 30)
+
+
+@pytest.mark.parametrize(
+    "dtype,head_dim,match", [(torch.float32, 64, "got torch.float32"), (torch.bfloat16, 80, "got q")]
+)
+def test_unsupported_inputs_raise_before_launch(dtype, head_dim, match):
+    q = torch.randn(1, 4, 2, head_dim, dtype=dtype)
+    with pytest.raises(KernelUnsupported, match=match):
+        attention_forward(q, q, q, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=None)
