@@ -15,7 +15,7 @@
 //           pipeline (STAGES deep, no CTA barrier in the loop), keeps its own online-softmax state,
 //           and the four warp states are merged through shared memory at the end.
 //   out   = num_splits == 1: normalised output + lse written directly; else per-split (o, lse) go to
-//           an fp32 workspace merged by decode_combine_kernel.
+//           an fp32 workspace (split, flat token, head) merged by hfp_decode_combine.
 //
 // Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES.
 #include "primitives.cuh"
@@ -69,6 +69,7 @@ struct DecodeParams {
   float* o_part;    // (num_splits, B, S_q, H, D) fp32, used when num_splits > 1
   float* lse_part;  // (num_splits, B, S_q, H) fp32
   int batch, heads, kv_heads, num_splits, row_tiles;
+  int total_q;  // flat query tokens: B * S_q (batched) or T_q (packed)
   float score_mul;    // no softcap: scale * log2(e); softcap: scale / softcap
   float softcap_mul;  // softcap * log2(e)
   int window_left, window_right;  // -1: unbounded
@@ -91,21 +92,21 @@ __device__ __forceinline__ void sequence_queries(const DecodeParams& p, int b, i
   }
 }
 
-__device__ __forceinline__ void decode_split(const DecodeParams& p) {
+// Flat token index of (sequence b, token tok): the row of out / lse / workspace.
+__device__ __forceinline__ long long flat_token(const DecodeParams& p, int b, int q_begin, int tok) {
+  return p.cu_seqlens_q ? (long long)(q_begin + tok) : (long long)b * p.seqlen_q + tok;
+}
+
+// One CTA's work on 16 query rows [first_row, first_row + 16) of (sequence b, kv_head), keys of
+// split `split`.
+__device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, int kv_head, int split, int q_begin,
+                                                int n_q, int seqlen_k, int first_row) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);           // [16][D]
   Elem* smem_kv = smem_q + kRows * kHeadDim;                 // [warps][STAGES][K tile, V tile]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_tile = blockIdx.x % p.row_tiles, split = blockIdx.x / p.row_tiles;
-  const int kv_head = blockIdx.y, b = blockIdx.z;
   const int group = p.heads / p.kv_heads;
-
-  int q_begin, n_q;
-  sequence_queries(p, b, q_begin, n_q);
-  const int seqlen_k = p.kv.seqlen(b);
-  const int first_row = row_tile * kRows;
-  if (first_row >= n_q * group) return;  // packed q: this sequence has fewer rows (combine skips them too)
   const int rows_valid = min(kRows, n_q * group - first_row);
 
   // Visible key range of the tile's rows (bottom-right aligned: token i sits at key i + L - n_q).
@@ -328,8 +329,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
         p.lse[lb + (long long)head * p.lse_stride_h + (long long)(q_begin + tok) * p.lse_stride_s] = lse;
       }
     } else {
-      // Workspace rows are (split, b, tok, head): tok < S_q in both the padded and packed forms.
-      const long long ws_row = (((long long)split * p.batch + b) * p.seqlen_q + tok) * p.heads + head;
+      // Workspace rows are (split, flat token, head).
+      const long long ws_row = ((long long)split * p.total_q + flat_token(p, b, q_begin, tok)) * p.heads + head;
       *reinterpret_cast<float4*>(p.o_part + ws_row * kHeadDim + d) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (d == 0) p.lse_part[ws_row] = lse;
@@ -337,26 +338,40 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   }
 }
 
-// Merge num_splits partial (o, lse) rows: one warp per (b, tok, head) output row.
-__device__ __forceinline__ void decode_combine(const DecodeParams& p) {
-  const int warp_global = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int total_rows = p.batch * p.seqlen_q * p.heads;
-  if (warp_global >= total_rows) return;
-  const int head = warp_global % p.heads, tok = (warp_global / p.heads) % p.seqlen_q;
-  const int b = warp_global / (p.heads * p.seqlen_q);
+// A CTA serves row tiles t0, t0 + row_tiles, ... of its sequence, so the grid needs no host
+// knowledge of how many queries each packed sequence holds (decode: one tile, one pass).
+__device__ __forceinline__ void decode_split(const DecodeParams& p) {
+  const int tile0 = blockIdx.x % p.row_tiles, split = blockIdx.x / p.row_tiles;
+  const int kv_head = blockIdx.y, b = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
   int q_begin, n_q;
   sequence_queries(p, b, q_begin, n_q);
-  if (tok >= n_q) return;
-  const long long split_stride = (long long)p.batch * p.seqlen_q * p.heads;
-  const long long row0 = ((long long)b * p.seqlen_q + tok) * p.heads + head;
+  const int seqlen_k = p.kv.seqlen(b);
+  for (int tile = tile0; tile * kRows < n_q * group; tile += p.row_tiles) {
+    if (tile != tile0) __syncthreads();  // the previous tile's merge reads of shared memory are done
+    decode_row_tile(p, b, kv_head, split, q_begin, n_q, seqlen_k, tile * kRows);
+  }
+}
+
+// Merge num_splits partial (o, lse) rows: one warp per (flat token, head) output row.
+__device__ __forceinline__ void decode_combine(const DecodeParams& p) {
+  const int warp_global = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp_global >= p.total_q * p.heads) return;
+  const int head = warp_global % p.heads, flat_tok = warp_global / p.heads;
+  // Packed q: rows past the last sequence belong to no sequence (no partials were written).
+  if (p.cu_seqlens_q != nullptr && flat_tok >= p.cu_seqlens_q[p.batch]) return;
+  const int b = p.cu_seqlens_q ? 0 : flat_tok / p.seqlen_q;
+  const long long split_stride = (long long)p.total_q * p.heads;
+  const long long row0 = (long long)flat_tok * p.heads + head;
   float m = -INFINITY;
   for (int s = 0; s < p.num_splits; ++s) m = fmaxf(m, p.lse_part[row0 + s * split_stride]);
   const float base = m == -INFINITY ? 0.f : m;
   float weight_sum = 0.f;
   for (int s = 0; s < p.num_splits; ++s) weight_sum += __expf(p.lse_part[row0 + s * split_stride] - base);
   const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
-  const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.out_stride_b;
-  Elem* dst = p.out + batch_off + (long long)(q_begin + tok) * p.out_stride_s + (long long)head * p.out_stride_h;
+  // Batched form: flat_tok = b * S_q + tok; packed form: the batch stride is 0 and tok = flat_tok.
+  const long long tok_in_row = p.cu_seqlens_q ? flat_tok : flat_tok % p.seqlen_q;
+  Elem* dst = p.out + (long long)b * p.out_stride_b + tok_in_row * p.out_stride_s + (long long)head * p.out_stride_h;
   for (int d = lane * 2; d < kHeadDim; d += 64) {
     float2 acc = make_float2(0.f, 0.f);
     for (int s = 0; s < p.num_splits; ++s) {
@@ -368,8 +383,7 @@ __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
     *reinterpret_cast<uint32_t*>(dst + d) = Traits::pack2(acc.x, acc.y);
   }
   if (lane == 0) {
-    const long long lb = p.cu_seqlens_q ? 0 : (long long)b * p.lse_stride_b;
-    p.lse[lb + (long long)head * p.lse_stride_h + (long long)(q_begin + tok) * p.lse_stride_s] =
+    p.lse[(long long)b * p.lse_stride_b + (long long)head * p.lse_stride_h + tok_in_row * p.lse_stride_s] =
         weight_sum > 0.f ? base + __logf(weight_sum) : -INFINITY;
   }
 }
@@ -385,14 +399,14 @@ __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
       long long index_stride, int page_size, const int *cu_k, Elem *out, long long out_sb,              \
       long long out_ss, long long out_sh, float *lse, long long lse_sb, long long lse_sh, long long lse_ss, \
       float *o_part, float *lse_part, int batch, int heads, int kv_heads, int num_splits, int row_tiles,  \
-      float score_mul, float softcap_mul, int window_left, int window_right
+      int total_q, float score_mul, float softcap_mul, int window_left, int window_right
 
 #define HFP_DECODE_PARAMS                                                                                 \
   DecodeParams p{q, q_sb, q_ss, q_sh, cu_q, seqlen_q,                                                    \
                  KvAddressT<Elem>{k, v, ks0, ks1, ks2, vs0, vs1, vs2, seqlens, default_seqlen, index,    \
                                   index_stride, page_size, cu_k},                                        \
                  out, out_sb, out_ss, out_sh, lse, lse_sb, lse_sh, lse_ss, o_part, lse_part, batch, heads, \
-                 kv_heads, num_splits, row_tiles, score_mul, softcap_mul, window_left, window_right}
+                 kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right}
 
 using hfp::Elem;
 using hfp::DecodeParams;

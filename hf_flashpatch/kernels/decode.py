@@ -38,7 +38,7 @@ MIN_KEYS_PER_SPLIT = 256
 ADDRESSING = {"contiguous": 0, "block_table": 1, "slot": 2}
 
 # Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
-_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPiPqiP" + "PqqqPqqqPP" + "iiiiiffii"
+_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPiPqiP" + "PqqqPqqqPP" + "iiiiiiffii"
 _APPEND_ARG_TYPES = "PPqqqqPPqqqqPiii"
 
 
@@ -162,7 +162,7 @@ def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
 
 
 def _launch(
-    *, addressing, q, q_strides, cu_q, seqlen_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
+    *, addressing, q, q_strides, cu_q, seqlen_q, total_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
     index_stride, page_size, cu_k, out, out_strides, lse, lse_strides, batch, heads, kv_heads, typical_keys,
     softmax_scale, softcap, window_left, window_right,
 ):  # fmt: skip
@@ -171,19 +171,24 @@ def _launch(
     build = config.build(device_arch(q.device))
     split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, q.device)
     group = heads // kv_heads
-    row_tiles = -(-seqlen_q * group // ROWS_PER_CTA)
-    ctas = row_tiles * kv_heads * batch
+    # Row tiles in the grid: enough for every row of a batched call; for packed q (where seqlen_q is
+    # only an upper bound) at most MAX_ROWS_PER_KV_HEAD rows' worth, and each CTA loops over the
+    # further tiles of a sequence that has more queries (cuda/decode.cu decode_split).
+    row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
+    typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
+    ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
     num_splits = choose_num_splits(ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config))
     o_part = lse_part = None
     if num_splits > 1:
-        o_part = torch.empty(num_splits, batch, seqlen_q, heads, q.shape[-1], device=q.device, dtype=torch.float32)
-        lse_part = torch.empty(num_splits, batch, seqlen_q, heads, device=q.device, dtype=torch.float32)
+        # (split, flat token, H, D) and (split, flat token, H)
+        o_part = torch.empty(num_splits, total_q, heads, q.shape[-1], device=q.device, dtype=torch.float32)
+        lse_part = torch.empty(num_splits, total_q, heads, device=q.device, dtype=torch.float32)
     score_mul, softcap_mul = _scales(q.shape[-1], softmax_scale, softcap)
     args = (
         q, *q_strides, cu_q, seqlen_q,
         k, v, *k_strides, *v_strides, seqlens, default_seqlen, index, index_stride, page_size, cu_k,
         out, *out_strides, lse, *lse_strides, o_part, lse_part,
-        batch, heads, kv_heads, num_splits, row_tiles, score_mul, softcap_mul, window_left, window_right,
+        batch, heads, kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right,
     )  # fmt: skip
     tensors = [t for t in (q, cu_q, k, v, seqlens, index, cu_k, out, lse, o_part, lse_part) if t is not None]
     split_kernel(
@@ -192,7 +197,7 @@ def _launch(
     )  # fmt: skip
     if num_splits > 1:
         combine = get_kernel(build, "hfp_decode_combine", _DECODE_ARG_TYPES, q.device)
-        rows = batch * seqlen_q * heads
+        rows = total_q * heads
         combine((-(-rows // 4), 1, 1), (128, 1, 1), *args, tensors=tensors)
 
 
@@ -209,7 +214,7 @@ def _decode_op(
     out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
     _launch(
-        addressing="contiguous", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q,
+        addressing="contiguous", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q, total_q=batch * seqlen_q,
         k=k_cache, v=v_cache, k_strides=k_cache.stride()[:3], v_strides=v_cache.stride()[:3],
         seqlens=cache_seqlens, default_seqlen=k_cache.shape[1], index=None, index_stride=0, page_size=1, cu_k=None,
         out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(), batch=batch, heads=heads,
@@ -240,7 +245,7 @@ def _paged_decode_op(
     out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
     _launch(
-        addressing="block_table", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q,
+        addressing="block_table", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q, total_q=batch * seqlen_q,
         k=k_pages, v=v_pages, k_strides=k_pages.stride()[:3], v_strides=v_pages.stride()[:3],
         seqlens=seqlens_k, default_seqlen=0, index=page_table, index_stride=page_table.stride(0),
         page_size=page_size, cu_k=None, out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(),
@@ -271,6 +276,7 @@ def _slot_decode_op(
         return out, lse
     _launch(
         addressing="slot", q=q, q_strides=(0, q.stride(0), q.stride(1)), cu_q=cu_seqlens_q, seqlen_q=max_seqlen_q,
+        total_q=total_q,
         k=k_pool, v=v_pool, k_strides=(0, k_pool.stride(0), k_pool.stride(1)),
         v_strides=(0, v_pool.stride(0), v_pool.stride(1)), seqlens=None, default_seqlen=0, index=slots,
         index_stride=0, page_size=1, cu_k=cu_seqlens_k, out=out, out_strides=(0, out.stride(0), out.stride(1)),
@@ -379,7 +385,12 @@ def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, ma
     ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
     del causal
     heads = q.shape[1]
-    _check_common(q, k_pool, v_pool, heads, k_pool.shape[1], int(max_seqlen_q))
+    num_seqs = max(1, cu_seqlens_k.shape[0] - 1)
+    # Packed batches of CUDA-graph runs pad max_seqlen_q to the token count, so judge by the mean
+    # queries per sequence (host-known shapes): decode-like batches run here, prefill-heavy ones
+    # decline to the forward kernel. A sequence with more queries is still served (CTAs loop).
+    mean_queries = min(int(max_seqlen_q), -(-q.shape[0] // num_seqs))
+    _check_common(q, k_pool, v_pool, heads, k_pool.shape[1], mean_queries)
     slots = slots.to(device=q.device, dtype=torch.int64).contiguous()
     return _slot_decode_op(
         _aligned_q(q), k_pool, v_pool, slots, cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous(),
