@@ -332,9 +332,9 @@ def _(k_new, v_new, k_pool, v_pool, slots):
 def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale, window_left, window_right, softcap):
     """Contiguous cache. q ``(B, S_q, H, D)``; k/v cache ``(B, S_cache, H_kv, D)`` with any strides
     (last dim contiguous; a transformers ``(B, H_kv, S, D)`` cache passed as ``.transpose(1, 2)`` is
-    read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache). ``causal`` is already folded
-    into ``window_right`` (0) by the caller. Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``."""
-    del causal  # expressed by window_right
+    read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache). ``causal`` means
+    ``window_right = 0`` (bottom-right aligned). Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``."""
+    window_right = _causal_right(causal, window_right)
     batch, seqlen_q, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
     _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
@@ -350,7 +350,7 @@ def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, 
                          window_right, softcap):  # fmt: skip
     """Block-table pool. q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)`` (any page
     size); ``page_table`` int32 ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``."""
-    del causal
+    window_right = _causal_right(causal, window_right)
     batch, seqlen_q, heads, _ = q.shape
     _check_common(q, k_pages, v_pages, heads, k_pages.shape[2], seqlen_q)
     page_table = page_table.to(device=q.device, dtype=torch.int32)
@@ -383,7 +383,7 @@ def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, ma
     """Packed slot form (continuous batching): q ``(T_q, H, D)``, sequence b owns q rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``<= max_seqlen_q``, a host int) and keys
     ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
-    del causal
+    window_right = _causal_right(causal, window_right)
     heads = q.shape[1]
     num_seqs = max(1, cu_seqlens_k.shape[0] - 1)
     # Packed batches of CUDA-graph runs pad max_seqlen_q to the token count, so judge by the mean
@@ -413,6 +413,13 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots) -> None:
                 f"kv_append needs 16-byte aligned rows of {name}, got strides {t.stride()} shape {tuple(t.shape)}"
             )
     _kv_append_op(k_new, v_new, k_pool, v_pool, slots.to(device=k_new.device, dtype=torch.int64).contiguous())
+
+
+def _causal_right(causal: bool, window_right: int) -> int:
+    """Causal is ``window_right = 0`` (callers through the API have folded it in already)."""
+    if causal:
+        return 0 if window_right < 0 else min(int(window_right), 0)
+    return int(window_right)
 
 
 def _scale_or_default(q: torch.Tensor, softmax_scale) -> float:

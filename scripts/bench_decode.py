@@ -1,0 +1,194 @@
+"""Decode benchmark: bytes of K+V read per second, ours vs torch SDPA, plus end-to-end continuous batching.
+
+    python scripts/bench_decode.py [--quick]
+
+Kernel part: GQA 32/8, head dim 128, bf16, one query token per sequence, at batch x context
+64x4096, 16x32768, 128x2048. Contenders: our decode over a contiguous cache, our paged decode (page
+size 16 and 256, pages shuffled in the pool), SDPA's flash and cuDNN backends on the contiguous cache.
+TB/s = bytes of K and V read (2 * B * L * H_kv * D * 2) / time; each call is timed inside a CUDA graph
+(10 calls per replay) so host overhead is not measured. The HBM read ceiling (a ``.sum()`` over 4 GB
+of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
+
+End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped model (8 layers,
+hidden 2048, 32/8 heads) with ``paged|hfpatch`` vs ``paged|sdpa`` (skipped when the transformers
+version has no ``generate_batch`` or no ``paged|`` functions).
+
+``run(results, quick)`` appends one dict per measurement (the ``scripts/bench.py`` protocol).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+SHAPES = [(64, 4096), (16, 32768), (128, 2048)]
+CALLS_PER_GRAPH = 10
+
+
+def _graph_time_us(fn, replays: int) -> float:
+    """Mean time of one ``fn()`` call, from a CUDA graph of CALLS_PER_GRAPH calls replayed ``replays`` times."""
+    fn()  # compile / load / autotune outside the capture
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(CALLS_PER_GRAPH):
+                fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    stop.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(stop) * 1000.0 / (replays * CALLS_PER_GRAPH)
+
+
+def hbm_read_ceiling_tbs(replays: int) -> float:
+    x = torch.ones(2 << 30, device="cuda", dtype=torch.bfloat16)  # 4 GB
+    out = torch.empty((), device="cuda", dtype=torch.float32)
+    us = _graph_time_us(lambda: torch.sum(x, dtype=torch.float32, out=out), replays)
+    return x.numel() * 2 / (us * 1e-6) / 1e12
+
+
+def _paged_copy(k, v, page_size, generator):
+    """The contiguous caches (B, L, H_kv, D) scattered over a shuffled pool of pages."""
+    batch, length = k.shape[:2]
+    pages_per_seq = length // page_size
+    order = torch.randperm(batch * pages_per_seq, generator=generator).view(batch, pages_per_seq).cuda()
+    shape = (batch * pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
+    k_pages, v_pages = torch.empty(shape, device="cuda", dtype=k.dtype), torch.empty(shape, device="cuda", dtype=k.dtype)
+    k_pages[order] = k.view(batch, pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
+    v_pages[order] = v.view(batch, pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
+    return k_pages, v_pages, order.to(torch.int32)
+
+
+def _sdpa(backend, q, k, v):
+    from torch.nn.attention import sdpa_kernel
+
+    q_t, k_t, v_t = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D) views
+
+    def call():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q_t, k_t, v_t, enable_gqa=True)
+
+    return call
+
+
+def kernel_rows(results: list, quick: bool) -> None:
+    from torch.nn.attention import SDPBackend
+
+    from hf_flashpatch.kernels import decode
+
+    replays = 5 if quick else 20
+    ceiling = hbm_read_ceiling_tbs(replays)
+    results.append({"name": "hbm_read_ceiling", "series": "HBM read (sum)", "value": ceiling, "unit": "TB/s"})
+    generator = torch.Generator().manual_seed(0)
+    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
+    for batch, length in SHAPES:
+        q = torch.randn(batch, 1, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        # K/V as the transformers cache holds them, (B, H_kv, L, D), read as (B, L, H_kv, D) views
+        k = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        seqlens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+        kv_bytes = 2 * batch * length * KV_HEADS * HEAD_DIM * 2
+        contenders = {
+            "ours contiguous": lambda: decode.decode_forward(q, k, v, None, **common),
+            "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v),
+            "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
+        }
+        for page_size in (16, 256):
+            k_pages, v_pages, table = _paged_copy(k.contiguous(), v.contiguous(), page_size, generator)
+            contenders[f"ours paged {page_size}"] = (
+                lambda kp=k_pages, vp=v_pages, t=table: decode.paged_decode_forward(q, kp, vp, t, seqlens, **common)
+            )
+        row = {}
+        for name, fn in contenders.items():
+            try:
+                us = _graph_time_us(fn, replays)
+                row[name] = kv_bytes / (us * 1e-6) / 1e12
+            except Exception as exc:  # noqa: BLE001 - a peer backend that refuses the shape is reported, not fatal
+                print(f"{name} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
+                row[name] = float("nan")
+        for name, tbs in row.items():
+            results.append({
+                "name": name, "series": name, "panel": "decode TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
+                "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / row["sdpa cudnn"], "vs_hbm_ceiling": tbs / ceiling,
+            })  # fmt: skip
+        del q, k, v, contenders
+
+
+def _random_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=4096,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+
+
+def generate_rows(results: list, quick: bool) -> None:
+    import transformers
+    from packaging.version import Version
+    from transformers import GenerationConfig
+
+    import hf_flashpatch
+
+    if Version(transformers.__version__) >= Version("5.23"):
+        print(f"generate_batch part skipped: transformers {transformers.__version__} has no paged| functions")
+        return
+    model = _random_llama()
+    if not hasattr(model, "generate_batch"):
+        print("generate_batch part skipped: no generate_batch")
+        return
+    num_prompts, prompt_len, new_tokens = (32, 128, 64) if quick else (128, 256, 256)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, 32000, (prompt_len,), generator=generator).tolist() for _ in range(num_prompts)]
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for attn in ("paged|sdpa", f"paged|{hf_flashpatch.ATTN_NAME}"):
+        model.set_attn_implementation(attn)
+        with torch.inference_mode():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = model.generate_batch(inputs=prompts, generation_config=config)
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+        tokens = sum(len(r.generated_tokens) for r in out.values())
+        results.append({
+            "name": f"generate_batch {attn}", "series": attn, "panel": "generate_batch tokens/s",
+            "x": f"{num_prompts}x({prompt_len}+{new_tokens})", "value": tokens / seconds, "unit": "tok/s",
+        })  # fmt: skip
+
+
+def run(results: list, quick: bool = False) -> None:
+    kernel_rows(results, quick)
+    try:
+        generate_rows(results, quick)
+    except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
+        print(f"generate_batch part failed: {type(exc).__name__}: {exc}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    results: list[dict] = []
+    run(results, quick=args.quick)
+    print(f"{'name':<34} {'shape':<12} {'value':>9}  unit   vs cuDNN  vs HBM")
+    for r in results:
+        ratio = f"{r['vs_cudnn']:.2f}" if "vs_cudnn" in r else ""
+        ceil = f"{r['vs_hbm_ceiling']:.2f}" if "vs_hbm_ceiling" in r else ""
+        print(f"{r['name']:<34} {r.get('x', ''):<12} {r['value']:9.3f}  {r['unit']:<6} {ratio:>7}  {ceil:>6}")
+
+
+if __name__ == "__main__":
+    main()
