@@ -15,8 +15,10 @@
 // K/V tiles stream through a KV_STAGES-deep cp.async ring; the next tile's copy overlaps this one's math.
 //
 // Compile-time configuration (-D, produced by ForwardConfig in hf_flashpatch/kernels/forward.py):
-//   HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, KV_STAGES, Q_IN_REGS, CTAS_PER_SM, ELEM_BF16, HAS_MASK
+//   HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, KV_STAGES, Q_IN_REGS, QK_PREFETCH, CTAS_PER_SM, ELEM_BF16,
+//   HAS_MASK
 //   (HAS_MASK = 0 compiles out causal / sliding-window masking; the key-length bound is always kept).
+#include "fwd_gemm.cuh"
 #include "fwd_softmax.cuh"
 #include "fwd_tile_io.cuh"
 #include "primitives.cuh"
@@ -168,42 +170,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 
     // ---- S = Q K^T   (MT, NT, 4)
     float scores[kMT][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) scores[mt][nt][e] = 0.f;
-    // With Q in shared memory the k-step loop stays rolled: unrolled, ptxas hoists every K fragment
-    // load of the tile ahead of the MMAs and runs out of registers.
 #if Q_IN_REGS
-#pragma unroll
+    gemm_qk_regs<kBf16, HEAD_DIM>(scores, q_frag, tile_k, lane);
 #else
-#pragma unroll 1
+    gemm_qk_smem<kBf16, QK_PREFETCH != 0, HEAD_DIM>(scores, smem_q, tile_k, warp_row0, lane);
 #endif
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#if Q_IN_REGS
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][ks][e];
-#else
-        load_a_frag<HEAD_DIM>(a[mt], smem_q, warp_row0 + mt * 16, ks * 16, lane);
-#endif
-      }
-#pragma unroll
-      for (int np = 0; np < kNT / 2; ++np) {
-        uint32_t b[4];
-        load_k_frag<HEAD_DIM>(b, tile_k, np * 16, ks * 16, lane);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<kBf16>(scores[mt][2 * np], a[mt], b_lo);
-          mma_16816<kBf16>(scores[mt][2 * np + 1], a[mt], b_hi);
-        }
-      }
-    }
 
     // ---- soft-cap, mask, online softmax
     if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
@@ -215,29 +186,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       apply_mask(scores, key0 + 2 * t, p0 + warp_row0 + g, group, offset, seqlen_k, left, right);
     softmax.update(scores, acc_o, scale_log2);
 
-    // ---- O += P V, P taken straight from the score accumulators (C layout == A layout pairs)
-#pragma unroll
-    for (int ks = 0; ks < BLOCK_N / 16; ++ks) {
-      uint32_t p[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        p[mt][0] = Traits::pack2(scores[mt][2 * ks][0], scores[mt][2 * ks][1]);
-        p[mt][1] = Traits::pack2(scores[mt][2 * ks][2], scores[mt][2 * ks][3]);
-        p[mt][2] = Traits::pack2(scores[mt][2 * ks + 1][0], scores[mt][2 * ks + 1][1]);
-        p[mt][3] = Traits::pack2(scores[mt][2 * ks + 1][2], scores[mt][2 * ks + 1][3]);
-      }
-#pragma unroll
-      for (int op = 0; op < kOT / 2; ++op) {
-        uint32_t b[4];
-        load_v_frag<HEAD_DIM>(b, tile_v, ks * 16, op * 16, lane);
-        const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<kBf16>(acc_o[mt][2 * op], p[mt], b_lo);
-          mma_16816<kBf16>(acc_o[mt][2 * op + 1], p[mt], b_hi);
-        }
-      }
-    }
+    // ---- O += P V, P taken straight from the score accumulators
+    gemm_pv<kBf16, HEAD_DIM>(acc_o, scores, tile_v, lane);
   }
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory, 16-byte coalesced stores

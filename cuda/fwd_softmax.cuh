@@ -54,6 +54,8 @@ struct OnlineSoftmax {
   // unnormalised probabilities and rescales acc_o (MT, OT, 4) for the new running maxima.
   template <int NT, int OT>
   __device__ __forceinline__ void update(float (&scores)[MT][NT][4], float (&acc_o)[MT][OT][4], float scale_log2) {
+    float correction[MT][2];
+    bool max_moved = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -64,10 +66,11 @@ struct OnlineSoftmax {
           tile_max = fmaxf(tile_max, fmaxf(scores[mt][nt][2 * h], scores[mt][nt][2 * h + 1]));
         }
         tile_max = quad_max(tile_max);
+        max_moved |= tile_max != row_max[mt][h];
         // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
         // exp2(-inf - 0) = 0 and avoids (-inf) - (-inf) = NaN.
         const float max_scaled = tile_max == kNegInf ? 0.f : tile_max * scale_log2;
-        const float correction = exp2f(row_max[mt][h] * scale_log2 - max_scaled);
+        correction[mt][h] = exp2f(row_max[mt][h] * scale_log2 - max_scaled);
         row_max[mt][h] = tile_max;
         float sum = 0.f;
 #pragma unroll
@@ -79,13 +82,18 @@ struct OnlineSoftmax {
             sum += p;
           }
         }
-        row_sum[mt][h] = fmaf(row_sum[mt][h], correction, sum);
-#pragma unroll
-        for (int ot = 0; ot < OT; ++ot) {
-          acc_o[mt][ot][2 * h] *= correction;
-          acc_o[mt][ot][2 * h + 1] *= correction;
-        }
+        row_sum[mt][h] = fmaf(row_sum[mt][h], correction[mt][h], sum);
       }
+    }
+    // Once the running maxima settle (most tiles after the first few), every correction is exactly
+    // exp2(0) = 1: skip the O-accumulator rescale when no row of the warp moved.
+    if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ot = 0; ot < OT; ++ot)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_o[mt][ot][e] *= correction[mt][e >> 1];
     }
   }
 
@@ -128,7 +136,9 @@ __device__ __forceinline__ void apply_mask(float (&scores)[MT][NT][4], int key0,
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const RowKeyRange r = row_key_range((row0 + 16 * mt + 8 * h) / group, offset, seqlen_k, left, right);
+      const int packed = row0 + 16 * mt + 8 * h;
+      const int pos = group == 1 ? packed : packed / group;  // MHA skips the integer division
+      const RowKeyRange r = row_key_range(pos, offset, seqlen_k, left, right);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

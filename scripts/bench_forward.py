@@ -123,11 +123,20 @@ def sweep_tiles(results: list, seqlen: int = 4096) -> None:
     for head_dim, shapes in CANDIDATE_SHAPES.items():
         batch, heads, q, k, v = _inputs(seqlen, head_dim)
         for causal in (False, True):
+            reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
             for shape in shapes:
-                ms = _time_ms(_ours(q, k, v, causal, shape))
-                results.append(dict(part="forward", panel="tile sweep", series=repr(shape), head_dim=head_dim,
+                fn = _ours(q, k, v, causal, shape)
+                max_diff = (fn()[0].float() - reference).abs().max().item()
+                ms = _time_ms(fn)
+                results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape), head_dim=head_dim,
                                     seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim),
-                                    value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s"))  # fmt: skip
+                                    value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s",
+                                    max_abs_diff_vs_sdpa_flash=max_diff))  # fmt: skip
+
+
+def _shape_name(shape) -> str:
+    name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
+    return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
 
 
 def _print(rows: list) -> None:

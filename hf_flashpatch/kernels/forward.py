@@ -51,6 +51,7 @@ class ForwardConfig:
     num_warps: int
     kv_stages: int = 2
     q_in_registers: bool = False
+    qk_prefetch: bool = False
     ctas_per_sm: int = 1
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
 
@@ -72,7 +73,7 @@ class ForwardConfig:
         return cls(
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
-            ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
+            qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
         )  # fmt: skip
 
     @property
@@ -88,7 +89,8 @@ class ForwardConfig:
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
             ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),
-            ("Q_IN_REGS", int(self.q_in_registers)), ("CTAS_PER_SM", self.ctas_per_sm),
+            ("Q_IN_REGS", int(self.q_in_registers)), ("QK_PREFETCH", int(self.qk_prefetch)),
+            ("CTAS_PER_SM", self.ctas_per_sm),
             ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
         )  # fmt: skip
         return KernelBuild("fwd.cu", tuple((name, str(value)) for name, value in defines), arch)

@@ -21,6 +21,7 @@ class TileShape:
     num_warps: int
     kv_stages: int = 2  # depth of the cp.async K/V ring (2 = double buffering)
     q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
+    qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
 
 
@@ -31,16 +32,16 @@ def forward_tile_shape(head_dim: int) -> TileShape:
         # amortise the per-tile softmax and barrier cost.
         return TileShape(block_m=128, block_n=128, num_warps=8, q_in_registers=True)
     if head_dim == 64:
-        # Two m-tiles per warp (32 rows) halve the K/V shared-memory traffic per FLOP; 64-key tiles
-        # keep S (64 regs) + O (64 regs) at 212 registers, 2 CTAs per SM.
-        return TileShape(block_m=128, block_n=64, num_warps=4)
+        # flash-attn 2's shape: two m-tiles per warp (32 rows) halve the K/V shared-memory traffic
+        # per FLOP, and 128-key tiles halve the per-tile softmax / barrier cost; 255 registers.
+        return TileShape(block_m=128, block_n=128, num_warps=4)
     if head_dim == 96:
         # 8 warps x 16 rows, Q in registers (24 regs); 12 chunks per row divide 256 threads' loads.
         return TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True)
     if head_dim == 128:
-        # flash-attn 2's Hopper choice is 128 x 64 x 4 warps; with our fragment code that spills, so
-        # keep 32 rows per warp (the smem-bandwidth win) and halve the key tile: 242 registers.
-        return TileShape(block_m=128, block_n=32, num_warps=4)
+        # flash-attn 2's Hopper shape: 32 rows per warp, 64-key tiles; S (64) + O (128) accumulators
+        # leave no room for Q fragments, which are re-read from shared memory each k-step. 252 registers.
+        return TileShape(block_m=128, block_n=64, num_warps=4)
     if head_dim == 256:
         # O alone is 128 registers per 16 rows: one m-tile per warp, Q re-read from shared memory,
         # 64-row query tiles so two K/V stages still fit (169 KB of shared memory).
@@ -51,16 +52,18 @@ def forward_tile_shape(head_dim: int) -> TileShape:
 # Alternatives the benchmark times against the default (``scripts/bench_forward.py --sweep``).
 CANDIDATE_SHAPES: dict[int, tuple[TileShape, ...]] = {
     64: (
-        TileShape(block_m=128, block_n=64, num_warps=4),
         TileShape(block_m=128, block_n=128, num_warps=4),
-        TileShape(block_m=128, block_n=128, num_warps=8, q_in_registers=True),
+        TileShape(block_m=128, block_n=64, num_warps=4),
+        TileShape(block_m=128, block_n=64, num_warps=4, qk_prefetch=True),
+        TileShape(block_m=128, block_n=64, num_warps=4, q_in_registers=True),
         TileShape(block_m=128, block_n=64, num_warps=4, kv_stages=3),
     ),
     128: (
+        TileShape(block_m=128, block_n=64, num_warps=4),
         TileShape(block_m=128, block_n=32, num_warps=4),
+        TileShape(block_m=128, block_n=32, num_warps=4, qk_prefetch=True),
         TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3),
+        TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3, qk_prefetch=True),
         TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True),
-        TileShape(block_m=64, block_n=64, num_warps=4, q_in_registers=True, ctas_per_sm=2),
-        TileShape(block_m=64, block_n=64, num_warps=4, ctas_per_sm=2),
     ),
 }
