@@ -18,7 +18,8 @@ def _tiny_llama():
         initializer_range=0.2,  # peaked logits: greedy choices are not near-ties between two runs
     )  # fmt: skip
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to("cuda", torch.float16).eval()
+    with torch.device("cuda"):
+        return LlamaForCausalLM(config).to(torch.float16).eval()
 
 
 def _generate(model, prompts, attn, max_new_tokens):
