@@ -37,8 +37,9 @@ constexpr int kThreads = NUM_WARPS * 32;
 constexpr int kMT = BLOCK_M / (16 * NUM_WARPS);  // 16-row m-tiles per warp
 constexpr int kNT = BLOCK_N / 8;                 // 8-key n-tiles of S per tile
 constexpr int kOT = HEAD_DIM / 8;                // 8-column n-tiles of O
-constexpr int kKSteps = HEAD_DIM / 16;           // k-steps of Q K^T
+[[maybe_unused]] constexpr int kKSteps = HEAD_DIM / 16;          // k-steps of Q K^T (the Q fragments kept in registers)
 constexpr bool kBf16 = ELEM_BF16 != 0;
+constexpr bool kWindowed = HAS_MASK != 0;  // causal / sliding-window masking compiled in
 static_assert(BLOCK_M % (16 * NUM_WARPS) == 0 && kMT >= 1, "BLOCK_M must be a multiple of 16 * NUM_WARPS");
 static_assert(BLOCK_N % 16 == 0 && HEAD_DIM % 16 == 0, "BLOCK_N and HEAD_DIM must be multiples of 16");
 static_assert(KV_STAGES >= 2, "the K/V ring needs at least two stages");
@@ -88,12 +89,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * BLOCK_M;
   if (p0 >= packed_rows) return;
-  const int offset = seqlen_k - seqlen_q;  // bottom-right alignment: query i sits at key i + offset
-#if HAS_MASK
-  const int left = window_left, right = window_right;
-#else
-  const int left = -1, right = -1;
-#endif
+  // bottom-right alignment: query i sits at key i + seqlen_k - seqlen_q
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
 
   const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
   const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
@@ -102,9 +99,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   // ---- key tiles this query tile can see: the union of its rows' visible ranges
   const int pos_first = p0 / group;
   const int pos_last = (min(p0 + BLOCK_M, packed_rows) - 1) / group;
-  const RowKeyRange tile_first = row_key_range(pos_first, offset, seqlen_k, left, right);
-  const RowKeyRange tile_last = row_key_range(pos_last, offset, seqlen_k, left, right);
-  const int key_lo = tile_first.lo, key_hi = tile_last.hi;
+  const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
+  const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
+  // Tiles wholly inside every row's range need no mask: keys in [mask_lo, mask_hi).
+  const int mask_lo = kWindowed ? pos_last + shifts.lo : 0;                      // the largest row lo
+  const int mask_hi = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).hi;  // the smallest row hi
   const int n_block_min = key_lo / BLOCK_N;
   const int n_block_max = key_hi > key_lo ? (key_hi + BLOCK_N - 1) / BLOCK_N : n_block_min;
   const int num_tiles = n_block_max - n_block_min;
@@ -178,12 +177,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 
     // ---- soft-cap, mask, online softmax
     if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
-    const bool tile_needs_mask =
-        key0 + BLOCK_N > seqlen_k ||
-        (HAS_MASK && ((left >= 0 && key0 < pos_last + offset - left) ||
-                      (right >= 0 && key0 + BLOCK_N - 1 > pos_first + offset + right)));
-    if (tile_needs_mask)
-      apply_mask(scores, key0 + 2 * t, p0 + warp_row0 + g, group, offset, seqlen_k, left, right);
+    if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
+      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
     softmax.update(scores, acc_o, scale_log2);
 
     // ---- O += P V, P taken straight from the score accumulators
@@ -209,29 +204,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       }
       const int packed = p0 + row;
       if (t == 0 && packed < packed_rows) {
-        const int pos = packed / group;
+        const int pos = group == 1 ? packed : packed / group;
         const int head = kv_head * group + (packed - pos * group);
         lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[mt][h];
       }
     }
   __syncthreads();
   Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
-  constexpr int kOutChunks = BLOCK_M * Layout::kChunksPerRow;
-  // The store loop maps chunks to (position, head) exactly as the Q load did; a fresh read of the
-  // thread index stops the compiler from keeping those addresses alive (and spilled) across the loop.
-  const int store_tid = fresh_thread_index();
-#pragma unroll
-  for (int i = 0; i < (kOutChunks + kThreads - 1) / kThreads; ++i) {
-    const int chunk = store_tid + i * kThreads;
-    if (kOutChunks % kThreads != 0 && chunk >= kOutChunks) break;
-    const int row = chunk / Layout::kChunksPerRow;
-    const int col = (chunk % Layout::kChunksPerRow) * 8;
-    const int packed = p0 + row;
-    if (packed < packed_rows) {
-      const int pos = packed / group;
-      const int head = packed - pos * group;
-      *reinterpret_cast<uint4*>(o_base + pos * o_seq_stride + head * o_head_stride + col) =
-          *reinterpret_cast<const uint4*>(smem_o + row * Layout::kRowStride + col);
-    }
-  }
+  // The store walks chunks exactly as the Q load did; a fresh read of the thread index stops the
+  // compiler from keeping the load's addresses alive (and spilled) across the key loop.
+  store_o_tile<HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+                                            fresh_thread_index());
 }

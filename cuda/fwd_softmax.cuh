@@ -17,15 +17,28 @@ constexpr float kLn2 = 0.6931471805599453f;
 // Visibility of keys for one query row, in key coordinates (bottom-right aligned, see
 // hf_flashpatch/reference/masks.py): key j is visible iff lo <= j < hi.
 struct RowKeyRange {
-  int lo;  // first visible key: max(0, pos + offset - left), or 0 when left is unbounded
+  int lo;  // first visible key: max(0, pos + offset - left)
   int hi;  // one past the last visible key: min(seqlen_k, pos + offset + right + 1)
 };
 
-__device__ __forceinline__ RowKeyRange row_key_range(int pos, int offset, int seqlen_k, int left, int right) {
-  RowKeyRange r;
-  r.lo = left >= 0 ? max(0, pos + offset - left) : 0;
-  r.hi = right >= 0 ? min(seqlen_k, pos + offset + right + 1) : seqlen_k;
-  return r;
+// The window as two shifts from a query position (offset = seqlen_k - seqlen_q), so a row's range
+// costs two adds and a clamp. An unbounded side gets a shift of -+2^30, which the clamp to
+// [0, seqlen_k] absorbs (positions stay far below 2^30, so nothing overflows).
+struct WindowShifts {
+  int lo;  // pos + lo = first visible key before clamping
+  int hi;  // pos + hi = one past the last visible key before clamping
+};
+
+__device__ __forceinline__ WindowShifts window_shifts(int offset, int left, int right) {
+  constexpr int kUnbounded = 1 << 30;
+  return {left >= 0 ? offset - left : -kUnbounded, right >= 0 ? offset + right + 1 : kUnbounded};
+}
+
+// kWindowed = false (no causal / window compiled in): every key below seqlen_k is visible.
+template <bool kWindowed>
+__device__ __forceinline__ RowKeyRange row_key_range(int pos, WindowShifts w, int seqlen_k) {
+  if constexpr (!kWindowed) return {0, seqlen_k};
+  return {max(0, pos + w.lo), min(seqlen_k, pos + w.hi)};
 }
 
 // Online softmax over the key tiles of 2 * MT rows, in base 2.
@@ -129,16 +142,16 @@ __device__ __forceinline__ void apply_softcap(float (&scores)[MT][NT][4], float 
 // (tile start + 2t); row0: packed row of this thread's first row (its rows are row0 + 16 * mt + 8 * h).
 // The rows' key ranges are recomputed here rather than kept in registers across the key loop: only
 // boundary tiles pay for them.
-template <int MT, int NT>
-__device__ __forceinline__ void apply_mask(float (&scores)[MT][NT][4], int key0, int row0, int group, int offset,
-                                           int seqlen_k, int left, int right) {
+template <bool kWindowed, int MT, int NT>
+__device__ __forceinline__ void apply_mask(float (&scores)[MT][NT][4], int key0, int row0, int group, WindowShifts w,
+                                           int seqlen_k) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int packed = row0 + 16 * mt + 8 * h;
       const int pos = group == 1 ? packed : packed / group;  // MHA skips the integer division
-      const RowKeyRange r = row_key_range(pos, offset, seqlen_k, left, right);
+      const RowKeyRange r = row_key_range<kWindowed>(pos, w, seqlen_k);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

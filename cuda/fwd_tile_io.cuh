@@ -54,27 +54,75 @@ __device__ __forceinline__ void load_kv_tile(T* smem, const T* gmem, int64_t row
   }
 }
 
-// Copy the packed query tile: tile row r is packed row p = p0 + r, i.e. query position p / group
-// of query head (first_head + p % group). Packing the heads of a GQA group into the rows lets one
-// K/V tile serve the whole group. Rows at or beyond `packed_rows` are zero-filled.
+// Visit this thread's 16-byte chunks of a packed (kRows, head dim) tile: fn(row, col, pos, head,
+// valid), where tile row `row` is packed row p = p0 + row, i.e. query position pos = p / group of
+// head `head` = p % group within the GQA group, and valid = p < packed_rows. A thread keeps one
+// column and walks rows kThreadCount / chunks-per-row apart, so (pos, head) advance by a constant
+// step: one integer division per thread instead of one per chunk (none for MHA).
+template <int kHeadDim, int kRows, int kThreadCount, typename Fn>
+__device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packed_rows, int group, Fn&& fn) {
+  using L = TileLayout<kHeadDim>;
+  constexpr int kChunks = kRows * L::kChunksPerRow;
+  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
+  if constexpr (kThreadCount % L::kChunksPerRow == 0) {
+    constexpr int kRowStep = kThreadCount / L::kChunksPerRow;
+    const int row0 = tid / L::kChunksPerRow;
+    const int col = (tid % L::kChunksPerRow) * 8;
+    const int first = p0 + row0;
+    int pos = group == 1 ? first : first / group;
+    int head = first - pos * group;
+    const int step_pos = group == 1 ? kRowStep : kRowStep / group;
+    const int step_head = kRowStep - step_pos * group;
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+      const int row = row0 + i * kRowStep;
+      fn(row, col, pos, head, p0 + row < packed_rows);
+      pos += step_pos;
+      head += step_head;
+      if (head >= group) {
+        head -= group;
+        ++pos;
+      }
+    }
+  } else {  // chunks per row do not divide the thread count (head dim 96): divide per chunk
+#pragma unroll
+    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+      const int chunk = tid + i * kThreadCount;
+      const int row = chunk / L::kChunksPerRow;
+      const int packed = p0 + row;
+      const int pos = group == 1 ? packed : packed / group;
+      fn(row, (chunk % L::kChunksPerRow) * 8, pos, packed - pos * group, packed < packed_rows);
+    }
+  }
+}
+
+// Copy the packed query tile (rows as in for_each_packed_chunk) with cp.async. Packing the heads of
+// a GQA group into the rows lets one K/V tile serve the whole group. Rows at or beyond
+// `packed_rows` are zero-filled.
 template <int kHeadDim, int kRows, int kThreadCount, typename T>
 __device__ __forceinline__ void load_q_tile(T* smem, const T* q_base, int64_t pos_stride, int64_t head_stride,
                                             int p0, int packed_rows, int group, int tid) {
   using L = TileLayout<kHeadDim>;
-  constexpr int kChunks = kRows * L::kChunksPerRow;
-  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
-#pragma unroll
-  for (int i = 0; i < kChunks / kThreadCount; ++i) {
-    const int chunk = tid + i * kThreadCount;
-    const int row = chunk / L::kChunksPerRow;
-    const int col = (chunk % L::kChunksPerRow) * 8;
-    const int packed = p0 + row;
-    const bool valid = packed < packed_rows;
-    const int pos = packed / group;
-    const int head = packed - pos * group;
-    const T* src = q_base + (valid ? pos * pos_stride + head * head_stride + col : 0);
-    cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
-  }
+  for_each_packed_chunk<kHeadDim, kRows, kThreadCount>(
+      tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
+        const T* src = q_base + (valid ? pos * pos_stride + head * head_stride + col : 0);
+        cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
+      });
+}
+
+// Store the packed output tile staged in shared memory to global memory, 16 bytes per access;
+// rows at or beyond `packed_rows` are skipped.
+template <int kHeadDim, int kRows, int kThreadCount, typename T>
+__device__ __forceinline__ void store_o_tile(T* o_base, const T* smem, int64_t pos_stride, int64_t head_stride,
+                                             int p0, int packed_rows, int group, int tid) {
+  using L = TileLayout<kHeadDim>;
+  for_each_packed_chunk<kHeadDim, kRows, kThreadCount>(
+      tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
+        if (valid) {
+          *reinterpret_cast<uint4*>(o_base + pos * pos_stride + head * head_stride + col) =
+              *reinterpret_cast<const uint4*>(smem + row * L::kRowStride + col);
+        }
+      });
 }
 
 // A operand (16 rows x 16 columns starting at (row0, col0)) of m16n8k16 from a row-major tile.
