@@ -90,6 +90,7 @@ constexpr int kRsUnroll = RS_UNROLL;
 static_assert(kD % 16 == 0 && kDw % 16 == 0 && kDqCols % 16 == 0, "head dim tiling");
 static_assert(kBlockM % 16 == 0 && kBlockM / 16 * kDqColWarps == kWarps || kBlockM / 16 >= kWarps, "dQ warp tiling");
 static_assert(kQBlockN % 16 == 0, "bwd_dq key tile");
+static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ column chunks must tile a warp's columns");
 
 struct Visibility {
   // Query i (of seqlen_q) sees key j (of seqlen_k) iff j < seqlen_k, i < seqlen_q and

@@ -92,6 +92,9 @@ class BackwardConfig:
         if softcap and head_dim >= 128:
             # softcap keeps 1 - tanh^2 per score in registers: halve the query step to stay spill-free.
             return BackwardConfig(head_dim, bf16, softcap, block_m=32, arch=arch)
+        if head_dim == 96:
+            # two warps share a query row group's 96 dQ columns: 48 each, one pass (chunks must divide it)
+            return BackwardConfig(head_dim, bf16, softcap, block_m=64, dq_chunk=48, arch=arch)
         return BackwardConfig(head_dim, bf16, softcap, block_m=64, arch=arch)
 
     def build(self) -> KernelBuild:
@@ -401,4 +404,11 @@ def register_autograd() -> bool:
     return True
 
 
-register_autograd()
+if not register_autograd():
+    # Imported before the forward module: importing it defines the op (its own trailing import of this
+    # module is then a no-op), so register now; a missing forward module just leaves nothing to register.
+    try:
+        from . import forward as _forward  # noqa: F401
+    except ImportError:
+        pass
+    register_autograd()

@@ -1,0 +1,254 @@
+"""Backward attention throughput and training speed: our kernel against torch SDPA (flash, cuDNN) and Flex.
+
+    python scripts/bench_backward.py [--quick] [--max-seqlen]
+
+1. Kernel: FlashAttention's benchmark configuration, 16k tokens per batch (batch = 16384 // seqlen),
+   hidden 2048 (heads = 2048 // head_dim), bf16, seqlens 512..16k, head dims 64 and 128, causal and
+   not. The backward alone is timed: ours calls ``attention_backward`` on the forward kernel's
+   ``out``/``lse``; the peers run ``torch.autograd.grad`` on a retained forward graph. TFLOP/s =
+   2.5 * 4 * B * H * S^2 * D / time (halved for causal); time is the median of ``triton.testing.do_bench``.
+   ``ours_det`` is ``deterministic=True`` (separate dQ pass, no atomics).
+2. Fine-tuning tokens/s of a Llama-3.2-1B-shaped model (hidden 2048, 32 query / 8 KV heads of 64,
+   bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``.
+3. ``--max-seqlen``: the longest sequence (multiple of 1024, binary search) for which one training step
+   of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
+
+``run(results, quick)`` appends one dict per measurement for ``scripts/bench.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+TOKENS = 16384
+HIDDEN = 2048
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+QUICK_SEQLENS = (2048, 16384)
+HEAD_DIMS = (64, 128)
+BWD_FLOP_FACTOR = 2.5  # backward = 2.5x the forward's 4 * B * H * S^2 * D
+
+
+def _time_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def _bwd_tflops(batch, heads, seqlen, head_dim, causal, ms) -> float:
+    flops = BWD_FLOP_FACTOR * 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
+    return flops / ms / 1e9
+
+
+def _inputs(seqlen, head_dim, dtype=torch.bfloat16):
+    batch, heads = TOKENS // seqlen, HIDDEN // head_dim
+    q, k, v, dout = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype) for _ in range(4))
+    return batch, heads, q, k, v, dout  # each (B, S, H, D)
+
+
+def _ours(q, k, v, dout, causal, deterministic):
+    from hf_flashpatch.kernels import backward, forward
+
+    out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
+                                         window_right=0 if causal else -1, softcap=None)  # fmt: skip
+    return lambda: backward.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
+
+
+def _retained_backward(forward_fn, q, k, v, dout):
+    """Backward alone of a peer: autograd.grad on a forward graph kept alive across calls."""
+    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))  # (B, H, S, D) views
+    out = forward_fn(qt, kt, vt)
+    dout_t = dout.transpose(1, 2)
+    return lambda: torch.autograd.grad(out, (qt, kt, vt), dout_t, retain_graph=True)
+
+
+def _sdpa(q, k, v, dout, causal, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    with sdpa_kernel(chosen):
+        grad = _retained_backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal), q, k, v, dout)
+
+    def call():
+        with sdpa_kernel(chosen):
+            return grad()
+
+    return call
+
+
+def _flex(q, k, v, dout, causal):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    block_mask = None
+    if causal:
+        seqlen = q.shape[1]
+        block_mask = create_block_mask(lambda b, h, qi, ki: qi >= ki, None, None, seqlen, seqlen)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return _retained_backward(lambda a, b, c: compiled(a, b, c, block_mask=block_mask), q, k, v, dout)
+
+
+def run_kernels(results: list, quick: bool = False) -> None:
+    seqlens = QUICK_SEQLENS if quick else SEQLENS
+    for head_dim in HEAD_DIMS:
+        for causal in (False, True):
+            for seqlen in seqlens:
+                batch, heads, q, k, v, dout = _inputs(seqlen, head_dim)
+                impls = {"ours": lambda: _ours(q, k, v, dout, causal, False),
+                         "ours_det": lambda: _ours(q, k, v, dout, causal, True),
+                         "sdpa_flash": lambda: _sdpa(q, k, v, dout, causal, "flash"),
+                         "sdpa_cudnn": lambda: _sdpa(q, k, v, dout, causal, "cudnn")}  # fmt: skip
+                if not quick or (head_dim, seqlen, causal) == (128, 2048, True):  # Flex compiles per shape
+                    impls["flex"] = lambda: _flex(q, k, v, dout, causal)
+                panel = f"bwd d{head_dim} {'causal' if causal else 'full'}"
+                base = dict(part="backward", panel=panel, head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen,
+                            unit="TFLOP/s")  # fmt: skip
+                speeds, grads = {}, {}
+                for name, make in impls.items():
+                    try:
+                        fn = make()
+                        got = fn()
+                        grads[name] = got if name.startswith("ours") else [g.transpose(1, 2) for g in got]  # (B, S, H, D)
+                        ms = _time_ms(fn)
+                    except Exception as exc:  # a peer missing for this shape is reported, not fatal
+                        results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+                        continue
+                    speeds[name] = _bwd_tflops(batch, heads, seqlen, head_dim, causal, ms)
+                    results.append(dict(base, series=name, value=speeds[name], ms=ms))
+                if "ours" in grads and "sdpa_flash" in grads:
+                    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads["ours"], grads["sdpa_flash"]))
+                    next(r for r in results if r is not None and r.get("series") == "ours" and r.get("panel") == panel
+                         and r.get("seqlen") == seqlen)["max_abs_grad_diff_vs_sdpa_flash"] = diff  # fmt: skip
+                if "ours" in speeds:
+                    for name, value in speeds.items():
+                        if name != "ours":
+                            results.append(dict(base, series=f"ours/{name}", value=speeds["ours"] / value, unit="ratio"))
+                del q, k, v, dout, impls, grads
+                torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------ training
+
+
+def _llama_1b(num_layers: int = 16, attn: str = "sdpa", checkpointing: bool = False):
+    """Llama-3.2-1B shape with random bf16 weights, built on the GPU (no download)."""
+    import transformers
+
+    import hf_flashpatch  # noqa: F401  (registers the backend)
+
+    config = transformers.LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=num_layers,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+        rope_theta=500000.0, tie_word_embeddings=True, attention_dropout=0.0, use_cache=False,
+    )  # fmt: skip
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.set_attn_implementation(attn)
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def _train_step(model, seqlen: int) -> None:
+    ids = torch.randint(0, model.config.vocab_size, (1, seqlen), device="cuda")
+    model(input_ids=ids, labels=ids).loss.backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def run_training(results: list, quick: bool = False) -> None:
+    from hf_flashpatch import ATTN_NAME
+
+    layers = 4 if quick else 16
+    for attn in ("sdpa", ATTN_NAME):
+        model = _llama_1b(layers, attn)
+        for seqlen in (4096, 16384):
+            _train_step(model, seqlen)  # warm-up (kernel load, allocator)
+            torch.cuda.synchronize()
+            steps = 3
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                _train_step(model, seqlen)
+            torch.cuda.synchronize()
+            tok_s = steps * seqlen / (time.perf_counter() - t0)
+            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd", series=attn,
+                                seqlen=seqlen, head_dim=64, causal=True, x=seqlen, value=tok_s, unit="tokens/s"))  # fmt: skip
+        del model
+        torch.cuda.empty_cache()
+
+
+def _fits(attn: str, seqlen: int) -> bool:
+    model = None
+    try:
+        model = _llama_1b(16, attn, checkpointing=True)
+        _train_step(model, seqlen)
+        torch.cuda.synchronize()
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        del model
+        torch.cuda.empty_cache()
+
+
+def run_max_seqlen(results: list, limit: int = 1 << 20) -> None:
+    """Binary search (multiples of 1024) of the longest sequence one checkpointed training step fits."""
+    from hf_flashpatch import ATTN_NAME
+
+    for attn in ("sdpa", ATTN_NAME):
+        lo, hi = 0, limit // 1024  # in units of 1024 tokens; lo fits (0 trivially), hi is the search cap
+        t0 = time.perf_counter()
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _fits(attn, mid * 1024):
+                lo = mid
+            else:
+                hi = mid - 1
+        results.append(dict(part="backward", panel="max seqlen, llama-1b-shape + grad checkpointing", series=attn,
+                            seqlen=lo * 1024, head_dim=64, causal=True, x=0, value=float(lo * 1024), unit="tokens",
+                            search_s=time.perf_counter() - t0))  # fmt: skip
+
+
+def run(results: list, quick: bool = False, max_seqlen: bool = False) -> None:
+    """Append the kernel, training-speed and (with ``max_seqlen``) memory-limit rows to ``results``.
+    A part that fails is reported as an error row and the next part still runs."""
+    parts = [run_kernels, run_training] + ([run_max_seqlen] if max_seqlen else [])
+    for part in parts:
+        try:
+            part(results, quick) if part is not run_max_seqlen else part(results)
+        except Exception as exc:
+            results.append(dict(part="backward", panel=part.__name__, series="error", head_dim=0, seqlen=0,
+                                causal=False, value=None, unit="", error=f"{type(exc).__name__}: {exc}"[:300]))  # fmt: skip
+
+
+def _print(rows: list) -> None:
+    print(f"{'series':<18} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>10} unit")
+    for r in rows:
+        value = "-" if r.get("value") is None else f"{r['value']:.4g}"
+        extra = f"  {r['error']}" if "error" in r else ""
+        extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
+        extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""
+        print(f"{r['series'][:18]:<18} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>10} "
+              f"{r['unit']}{extra}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k, Flex at d128 2k causal, 4-layer model")
+    parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
+    args = parser.parse_args()
+    rows: list = []
+    run(rows, quick=args.quick, max_seqlen=args.max_seqlen)
+    _print(rows)
