@@ -1,0 +1,147 @@
+"""The transformers backend on CUDA: a small random Llama in bf16, patched vs ``sdpa``.
+
+Logits of a left-padded batch (real tokens only) stay within twice sdpa's own bf16 error against an
+fp32 sdpa run (+ eps); greedy generation with a DynamicCache and a StaticCache matches sdpa's; the
+CUDA kernels serve the calls (no fallback warning).
+"""
+
+import warnings
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+pytest.importorskip("transformers")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DEVICE = "cuda"
+LENGTHS = [113, 1, 64, 97]  # awkward lengths, one single-token prompt; left-padded to 113
+NEW_TOKENS = 16
+FALLBACK_MARK = "CUDA kernel not used"
+
+
+def tiny_llama(attn_implementation, dtype=torch.bfloat16):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import hf_flashpatch  # noqa: F401  (registers the backend)
+
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
+        initializer_range=0.2,  # peaked logits: greedy choices are not near-ties between two backends
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(DEVICE):
+        model = LlamaForCausalLM(config)
+    model.set_attn_implementation(attn_implementation)
+    return model.to(dtype).eval()
+
+
+def left_padded_batch(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    total = max(lengths)
+    ids = torch.zeros(len(lengths), total, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, total - n :] = torch.randint(3, 512, (n,), generator=gen)
+        mask[row, total - n :] = 1
+    return ids.to(DEVICE), mask.to(DEVICE)
+
+
+def no_fallback(caught):
+    fallbacks = [str(w.message) for w in caught if FALLBACK_MARK in str(w.message)]
+    assert not fallbacks, fallbacks
+
+
+def test_padded_logits_within_twice_sdpa_error():
+    import hf_flashpatch
+
+    ids, mask = left_padded_batch(LENGTHS)
+    model = tiny_llama("sdpa")
+    real = mask.bool()
+    with torch.no_grad():
+        sdpa = model(input_ids=ids, attention_mask=mask).logits[real].float()
+        exact = model.float()(input_ids=ids, attention_mask=mask).logits[real]
+        model.to(torch.bfloat16)
+        hf_flashpatch.patch(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = model(input_ids=ids, attention_mask=mask).logits[real].float()
+    no_fallback(caught)
+    assert torch.isfinite(ours).all()
+    ours_err = (ours - exact).abs().max().item()
+    sdpa_err = (sdpa - exact).abs().max().item()
+    assert ours_err <= 2 * sdpa_err + 1e-2, (ours_err, sdpa_err)
+
+
+def test_unpadded_logits_within_twice_sdpa_error():
+    import hf_flashpatch
+
+    ids = torch.randint(3, 512, (2, 239), device=DEVICE)
+    model = tiny_llama("sdpa")
+    with torch.no_grad():
+        sdpa = model(input_ids=ids).logits.float()
+        exact = model.float()(input_ids=ids).logits
+        hf_flashpatch.patch(model.to(torch.bfloat16))
+        ours = model(input_ids=ids).logits.float()
+    ours_err = (ours - exact).abs().max().item()
+    sdpa_err = (sdpa - exact).abs().max().item()
+    assert ours_err <= 2 * sdpa_err + 1e-2, (ours_err, sdpa_err)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_greedy_generate_matches_sdpa(cache):
+    import hf_flashpatch
+
+    ids, mask = left_padded_batch(LENGTHS, seed=1)
+    model = tiny_llama("sdpa")
+    kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
+                  eos_token_id=None, cache_implementation=cache)  # fmt: skip
+    if cache == "static":  # no CUDA-graph compilation of the decode step: compare the attention, not compile
+        kwargs["disable_compile"] = True
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, **kwargs)
+        hf_flashpatch.patch(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = model.generate(input_ids=ids, **kwargs)
+    no_fallback(caught)
+    assert got.shape == (len(LENGTHS), max(LENGTHS) + NEW_TOKENS)
+    assert_same_greedy(model.to(torch.float32), got, want, mask)
+
+
+def assert_same_greedy(model_fp32, got, want, mask):
+    """Equal greedy tokens, except that a row may diverge at a near-tie: where the two choices' fp32 logits
+    are closer than bf16 can tell apart (a step both backends may legitimately take either way)."""
+    import hf_flashpatch  # noqa: F401
+
+    model_fp32.set_attn_implementation("sdpa")
+    prompt_len = mask.shape[1]
+    for row in range(got.shape[0]):
+        differ = (got[row] != want[row]).nonzero()
+        if differ.numel() == 0:
+            continue
+        step = int(differ[0])
+        assert step >= prompt_len, "the prompts themselves differ"
+        prefix = got[row : row + 1, :step]
+        prefix_mask = torch.cat([mask[row : row + 1], torch.ones_like(prefix[:, prompt_len:])], dim=1)
+        with torch.no_grad():
+            logits = model_fp32(input_ids=prefix, attention_mask=prefix_mask).logits[0, -1]
+        gap = (logits[got[row, step]] - logits[want[row, step]]).abs().item()
+        tie = 2 * 2.0**-8 * logits.abs().max().item()  # two bf16 roundings of the largest logit
+        assert gap <= tie, f"row {row} diverges at step {step - prompt_len} with an fp32 logit gap {gap:.3g} > {tie:.3g}"
+
+
+def test_fp32_model_on_gpu_takes_the_torch_fallback():
+    """fp32 is documented to run through the torch fallback: correct, with one warning naming why."""
+    import hf_flashpatch
+
+    ids, mask = left_padded_batch([17, 9])
+    model = tiny_llama("sdpa", dtype=torch.float32)
+    real = mask.bool()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits[real]
+        hf_flashpatch.patch(model)
+        got = model(input_ids=ids, attention_mask=mask).logits[real]
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
