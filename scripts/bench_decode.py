@@ -53,8 +53,7 @@ def _graph_time_us(fn, replays: int) -> float:
 
 def hbm_read_ceiling_tbs(replays: int) -> float:
     x = torch.ones(2 << 30, device="cuda", dtype=torch.bfloat16)  # 4 GB
-    out = torch.empty((), device="cuda", dtype=torch.float32)
-    us = _graph_time_us(lambda: torch.sum(x, dtype=torch.float32, out=out), replays)
+    us = _graph_time_us(lambda: x.sum(dtype=torch.float32), replays)
     return x.numel() * 2 / (us * 1e-6) / 1e12
 
 
@@ -162,12 +161,12 @@ def generate_rows(results: list, quick: bool) -> None:
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     for attn in ("paged|sdpa", f"paged|{hf_flashpatch.ATTN_NAME}"):
         model.set_attn_implementation(attn)
-        with torch.inference_mode():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = model.generate_batch(inputs=prompts, generation_config=config)
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - start
+        # No inference_mode here: the batching thread updates tensors the manager creates.
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = model.generate_batch(inputs=prompts, generation_config=config)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
         tokens = sum(len(r.generated_tokens) for r in out.values())
         results.append({
             "name": f"generate_batch {attn}", "series": attn, "panel": "generate_batch tokens/s",

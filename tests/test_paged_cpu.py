@@ -122,3 +122,65 @@ def test_slot_reference_matches_block_table_with_page_size_one():
     )
     torch.testing.assert_close(slot_out, block_out)
     torch.testing.assert_close(slot_lse, block_lse)
+
+
+def _emulated_slot_varlen(q, k_pool, v_pool, slots, cu_q, cu_k, max_q, *, causal, softmax_scale, **_):
+    """The packed slot decode contract, computed with the reference (stands in for the CUDA kernel)."""
+    out = torch.zeros_like(q)  # (T_q, H, D)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))  # (H, T_q)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(ck) - 1):
+        q0, q1 = cq[b], min(cq[b + 1], cq[b] + int(max_q))
+        if q1 > q0:
+            idx = slots[ck[b] : ck[b + 1]]
+            o, l = attention_reference(q[None, q0:q1], k_pool[idx][None], v_pool[idx][None], causal=causal,
+                                       softmax_scale=softmax_scale)  # fmt: skip
+            out[q0:q1], lse[:, q0:q1] = o[0], l[0]
+    return out, lse
+
+
+def test_paged_kernel_path_logic_with_emulated_kernels(monkeypatch):
+    """``backend.paged_kernel`` (write through write_index, read through read_index, packed queries,
+    chunked prefill) under real continuous batching, with the two CUDA kernels replaced by torch
+    stand-ins so it runs on CPU. Needs a transformers with ``paged|`` functions (< 5.23)."""
+    transformers = pytest.importorskip("transformers")
+    from packaging.version import Version
+
+    if Version(transformers.__version__) >= Version("5.23") or not hasattr(transformers, "AttentionInterface"):
+        pytest.skip(f"transformers {transformers.__version__} has no paged| attention functions")
+    from transformers import AttentionInterface, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from hf_flashpatch.backend import paged_kernel
+    from hf_flashpatch.kernels import decode
+
+    calls = {"append": 0, "slot": 0}
+
+    def append(k_new, v_new, k_pool, v_pool, slots):
+        calls["append"] += 1
+        k_pool.index_copy_(0, slots, k_new)
+        v_pool.index_copy_(0, slots, v_new)
+
+    def slot(*args, **kwargs):
+        calls["slot"] += 1
+        return _emulated_slot_varlen(*args, **kwargs)
+
+    monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda q: None)
+    monkeypatch.setattr(decode, "kv_append", append)
+    monkeypatch.setattr(decode, "slot_varlen_forward", slot)
+    AttentionInterface.register("paged|emulated", paged_kernel.paged_attention_forward_cuda)
+    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    prompts = [torch.randint(1, 256, (n,)).tolist() for n in (5, 70, 1)]
+    gen = GenerationConfig(max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+    batching = ContinuousBatchingConfig(block_size=16, num_blocks=32, max_batch_tokens=48, max_requests_per_batch=4)
+    results = {}
+    for attn in ("paged|eager", "paged|emulated"):
+        model.set_attn_implementation(attn)
+        out = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=batching)
+        results[attn] = {key: list(r.generated_tokens) for key, r in out.items()}
+    assert calls["append"] > 0 and calls["slot"] > 0
+    assert len(results["paged|emulated"]) == 3
+    assert results["paged|emulated"] == results["paged|eager"]
