@@ -5,7 +5,10 @@ KernelUnsupported before any GPU work. Layout: q ``(B, S_q, H, D)``, k/v ``(B, S
 
 import os
 import re
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +42,7 @@ def ptxas_reports(tmp_path_factory):
     os.environ["HF_FLASHPATCH_CACHE"] = str(tmp_path_factory.mktemp("cubins"))
     try:
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-            reports = list(pool.map(lambda build: compile_cubin(build, verbose_ptxas=True)[1], BUILDS))
+            reports = list(pool.map(lambda build: compile_cubin(build, verbose_ptxas=True), BUILDS))
     finally:
         if previous is None:
             del os.environ["HF_FLASHPATCH_CACHE"]
@@ -48,11 +51,40 @@ def ptxas_reports(tmp_path_factory):
     return dict(zip(BUILDS, reports))
 
 
-@pytest.mark.parametrize("build", BUILDS, ids=lambda b: "-".join(f"{k}={v}" for k, v in b.defines))
+def _build_id(build) -> str:
+    return "-".join(f"{k}={v}" for k, v in build.defines)
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=_build_id)
 def test_build_compiles_without_spills(build, ptxas_reports):
-    numbers = _ptxas_numbers(ptxas_reports[build])
+    numbers = _ptxas_numbers(ptxas_reports[build][1])
     assert numbers["spill_stores"] == 0 and numbers["spill_loads"] == 0, f"{build}: {numbers}"
     assert numbers["stack"] == 0, f"{build} uses a local-memory stack frame: {numbers}"
+
+
+def _find_cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:  # triton wheels ship one
+        import triton
+
+        candidate = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(candidate) if candidate.is_file() else None
+    except ImportError:
+        return None
+
+
+def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
+    cuobjdump = _find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found")
+    for build, (cubin, _) in ptxas_reports.items():
+        path = tmp_path / "kernel.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+        assert "HMMA.16816.F32" in sass, f"{_build_id(build)}: no m16n8k16 tensor-core MMA in the SASS"
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{_build_id(build)}: local-memory traffic in the SASS"
 
 
 def test_all_builds_cover_every_dtype_head_dim_and_mask():
