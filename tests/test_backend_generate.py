@@ -33,9 +33,10 @@ def api_calls(monkeypatch):
 
         return wrapper
 
-    monkeypatch.setattr(hf_flashpatch.api, "flash_attn_varlen_func", spy("varlen", hf_flashpatch.api.flash_attn_varlen_func))
-    monkeypatch.setattr(hf_flashpatch.api, "flash_attn_func", spy("func", hf_flashpatch.api.flash_attn_func))
-    monkeypatch.setattr(hf_flashpatch.api, "flash_attn_with_kvcache", spy("kvcache", hf_flashpatch.api.flash_attn_with_kvcache))
+    api = hf_flashpatch.api
+    monkeypatch.setattr(api, "flash_attn_varlen_func", spy("varlen", api.flash_attn_varlen_func))
+    monkeypatch.setattr(api, "flash_attn_func", spy("func", api.flash_attn_func))
+    monkeypatch.setattr(api, "flash_attn_with_kvcache", spy("kvcache", api.flash_attn_with_kvcache))
     monkeypatch.setattr(paged_module, "paged_attention_forward_torch",
                         spy("paged_torch", paged_module.paged_attention_forward_torch))  # fmt: skip
     return counts

@@ -45,7 +45,7 @@ def check_unsupported(module, dropout: float, kwargs: dict) -> None:
     """Refuse what would otherwise give a silently wrong answer."""
     if kwargs.get("output_attentions", False):
         raise UnsupportedAttentionFeature(
-            f"hf_flashpatch's attention backend does not return attention probabilities (output_attentions=True); "
+            "hf_flashpatch's attention backend does not return attention probabilities (output_attentions=True); "
             "load or switch the model with attn_implementation='eager' for that"
         )
     if dropout and dropout > 0.0:

@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from .attention import _as_int, check_unsupported, varlen_packed_row, window_from_sliding
+from .attention import _as_int, check_unsupported, common_dtype, varlen_packed_row, window_from_sliding
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,7 +87,9 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
         read_index=kwargs["read_index"],
         write_index=kwargs["write_index"],
     )
-    q = query.transpose(1, 2)  # (1, T_q, H, D) view
+    dtype = common_dtype(module, query, k_all, v_all)  # the pool may be stored in another dtype than q
+    q = query.transpose(1, 2).to(dtype)  # (1, T_q, H, D) view
+    k_all, v_all = k_all.to(dtype), v_all.to(dtype)
     sliding = getattr(module, "sliding_window", None)
     out = varlen_packed_row(
         q, k_all[None], v_all[None], cu_q, cu_k, _as_int(max_q), _as_int(max_k),

@@ -21,7 +21,9 @@ def check_name(name: str) -> None:
         raise ValueError(f"the attention name must be a non-empty string, got {name!r}")
     for reserved in ("flash", "sdpa", "flex_attention", "/", "|"):
         if reserved in name:
-            raise ValueError(f"the attention name must not contain {reserved!r} (transformers treats it specially), got {name!r}")
+            raise ValueError(
+                f"the attention name must not contain {reserved!r} (transformers treats it specially), got {name!r}"
+            )
 
 
 def register(name: str = "hfpatch") -> None:
