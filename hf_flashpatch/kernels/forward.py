@@ -6,7 +6,8 @@ Layouts (flash-attn's):
   (transformers' ``q.transpose(1, 2)`` views are read in place, never copied); returns
   ``out (B, S_q, H, D)`` contiguous in q's dtype and ``lse (B, H, S_q)`` fp32;
 - varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, ``cu_seqlens_q/k`` int32 ``(N + 1,)``; returns
-  ``out (T_q, H, D)`` and ``lse (H, T_q)``.
+  ``out (T_q, H, D)`` and ``lse (H, T_q)``. ``max_seqlen_q`` sizes the grid and must be at least the
+  longest query sequence (it is not checked: that would need a device-to-host copy).
 
 ``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
 no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`

@@ -6,7 +6,8 @@ positions x the query heads of one GQA group) against ``block_n`` keys per step;
 ``block_m / num_warps`` rows, i.e. ``block_m / (16 * num_warps)`` m16n8k16 m-tiles.
 
 Every shape below compiles for sm_90a without register spills (checked by
-``tests/test_forward_compile.py``); the register counts quoted are ptxas's for the masked bf16 build.
+``tests/test_forward_compile.py``); the register counts quoted are ptxas's for the masked bf16 build,
+the throughputs those of ``scripts/bench_forward.py --sweep`` on an H200 (``notes/forward.md``).
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ def forward_tile_shape(head_dim: int) -> TileShape:
     if head_dim == 64:
         # flash-attn 2's shape: two m-tiles per warp (32 rows) halve the K/V shared-memory traffic
         # per FLOP, and 128-key tiles halve the per-tile softmax / barrier cost; 255 registers.
+        # 295 / 270 TFLOP/s (full / causal, 4k) vs 278 / 257 with 64-key tiles.
         return TileShape(block_m=128, block_n=128, num_warps=4)
     if head_dim == 96:
-        # 8 warps x 16 rows, Q in registers (24 regs); 12 chunks per row divide 256 threads' loads.
+        # 8 warps x 16 rows, Q in registers (24 regs); the tile's 128 x 12 16-byte chunks divide over 256
+        # threads (row-walking loads need chunks per row to divide the threads; 12 does not, see fwd_tile_io).
         return TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True)
     if head_dim == 128:
         # flash-attn 2's Hopper shape: 32 rows per warp, 64-key tiles; S (64) + O (128) accumulators
-        # leave no room for Q fragments, which are re-read from shared memory each k-step. 252 registers.
+        # leave no room for Q fragments, which are re-read from shared memory each k-step. 255
+        # registers; 340 / 292 TFLOP/s (full / causal, 4k) vs 310 / 250 with 32-key tiles.
         return TileShape(block_m=128, block_n=64, num_warps=4)
     if head_dim == 256:
         # O alone is 128 registers per 16 rows: one m-tile per warp, Q re-read from shared memory,
