@@ -4,7 +4,7 @@ continuous batching (``generate_batch``, ``generate(cache_implementation="paged"
 import pytest
 import torch
 from test_backend import NAME, padded_batch, tiny_model, twin_models
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StaticCache
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 import hf_flashpatch.api
@@ -52,6 +52,19 @@ def test_left_padded_greedy_matches_sdpa(kind, cache, api_calls):
     assert got.shape == (3, 9 + NEW_TOKENS)
     assert torch.equal(got, want), (got, want)
     assert api_calls["varlen"] > 0  # padded prefill and decode are unpadded into varlen
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+def test_unpadded_static_cache_matches_sdpa(kind):
+    """No padding, so no mask: the static buffer's unwritten slots must still be cut off."""
+    ours, ref = twin_models(kind)
+    ids = torch.randint(3, 128, (2, 5))
+    mask = torch.ones_like(ids)
+    assert torch.equal(greedy(ours, ids, mask, cache_implementation="static"), greedy(ref, ids, mask))
+    # a plain forward into a fresh StaticCache, without any attention mask (5.23+ names the argument `cache`)
+    cached = [m(input_ids=ids, past_key_values=StaticCache(config=m.config, max_cache_len=16)) for m in (ours, ref)]
+    got, want = (out.logits for out in cached)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
 def test_unpadded_decode_takes_the_kvcache_path(api_calls):

@@ -1,19 +1,40 @@
 """Mask registration: which mask transformers builds for our attention name.
 
-Our attention function consumes what transformers' flash_attention_2 integration consumes, so we register
-:func:`transformers.masking_utils.flash_attention_mask` under our name: ``None`` when attention is plainly
-causal (no padding), else the 2-D ``(batch, seqlen)`` bool key-padding mask (True = real token), sliced to
-the layer's key length (sliding layers, StaticCache). Without this registration transformers would pass
-``None`` even for padded batches, and padding tokens would silently be attended to.
+Our attention function consumes what transformers' flash_attention_2 integration consumes: ``None`` when
+attention is plainly causal over all the keys it receives, else a 2-D ``(batch, seqlen)`` bool key-padding
+mask (True = real token) covering the first ``seqlen`` keys. :func:`key_padding_mask` is
+:func:`transformers.masking_utils.flash_attention_mask` plus one case that function leaves out: a
+StaticCache without padding. The static buffer hands the attention all ``max_cache_len`` slots, of which
+only ``q_offset + q_length - kv_offset`` are written so far; we return an all-True mask of that length so
+that the unwritten slots are cut off (``None`` would let the queries attend to them).
 
-Packed sequences (``DataCollatorWithFlattening``) reach the attention function as ``cu_seq_lens_*`` or
-``position_ids``; the mask stays ``None`` for them.
+Without this registration transformers would pass ``None`` even for padded batches, and padding tokens
+would silently be attended to. Packed sequences (``DataCollatorWithFlattening``) reach the attention
+function as ``cu_seq_lens_*`` or ``position_ids``; their mask stays ``None``.
 """
 
 from __future__ import annotations
 
+import torch
+
+
+def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
+                     **kwargs):  # fmt: skip
+    """``None`` or a ``(batch_size, S <= kv_length)`` bool mask; same arguments as transformers' mask functions."""
+    from transformers.masking_utils import flash_attention_mask
+
+    mask = flash_attention_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        attention_mask=attention_mask, **kwargs,
+    )  # fmt: skip
+    if mask is None:
+        written = int(q_offset) + q_length - int(kv_offset)  # keys this layer holds after the update
+        if 0 < written < kv_length:
+            mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
+    return mask
+
 
 def register_mask(name: str) -> None:
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, key_padding_mask)

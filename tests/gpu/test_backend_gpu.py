@@ -91,10 +91,11 @@ def test_unpadded_logits_within_twice_sdpa_error():
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_greedy_generate_matches_sdpa(cache):
+@pytest.mark.parametrize("lengths", [LENGTHS, [64, 64]], ids=["left_padded", "no_padding"])
+def test_greedy_generate_matches_sdpa(cache, lengths):
     import hf_flashpatch
 
-    ids, mask = left_padded_batch(LENGTHS, seed=1)
+    ids, mask = left_padded_batch(lengths, seed=1)
     model = tiny_llama("sdpa")
     kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
                   eos_token_id=None, cache_implementation=cache)  # fmt: skip
@@ -107,7 +108,7 @@ def test_greedy_generate_matches_sdpa(cache):
             warnings.simplefilter("always")
             got = model.generate(input_ids=ids, **kwargs)
     no_fallback(caught)
-    assert got.shape == (len(LENGTHS), max(LENGTHS) + NEW_TOKENS)
+    assert got.shape == (len(lengths), max(lengths) + NEW_TOKENS)
     assert_same_greedy(model.to(torch.float32), got, want, mask)
 
 
