@@ -1,6 +1,6 @@
 """Backward attention throughput and training speed: our kernel against torch SDPA (flash, cuDNN) and Flex.
 
-    python scripts/bench_backward.py [--quick] [--max-seqlen]
+    python scripts/bench_backward.py [--quick] [--max-seqlen] [--sweep]
 
 1. Kernel: FlashAttention's benchmark configuration, 16k tokens per batch (batch = 16384 // seqlen),
    hidden 2048 (heads = 2048 // head_dim), bf16, seqlens 512..16k, head dims 64 and 128, causal and
@@ -12,6 +12,8 @@
    bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``.
 3. ``--max-seqlen``: the longest sequence (multiple of 1024, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
+
+4. ``--sweep``: the alternative tile/unroll configs of ``SWEEP_CANDIDATES`` at seqlen 4k.
 
 ``run(results, quick)`` appends one dict per measurement for ``scripts/bench.py``.
 """
@@ -133,6 +135,55 @@ def run_kernels(results: list, quick: bool = False) -> None:
                 torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------------------ tile sweep
+
+# Spill-free alternatives to BackwardConfig.choose's pick (checked with ptxas -v), as field overrides.
+SWEEP_CANDIDATES = {
+    128: [{}, {"prefetch_after_sync": True}, {"ss_unroll": 8, "dq_chunk": 16}, {"ss_unroll": 1},
+          {"block_m": 32, "ss_unroll": 8}, {"ss_unroll": 8, "dq_chunk": 16, "prefetch_after_sync": True},
+          {"block_m": 32, "ss_unroll": 8, "dq_chunk": 16, "prefetch_after_sync": True}],
+    64: [{}, {"prefetch_after_sync": True}, {"ss_unroll": 8}, {"ss_unroll": 1}, {"block_m": 32},
+         {"block_m": 32, "ss_unroll": 8}],
+}  # fmt: skip
+
+
+def sweep_configs(results: list, seqlen: int = 4096) -> None:
+    """Time each candidate config of the non-deterministic backward; the gradients' max difference to the
+    default config's is recorded as a correctness smoke check."""
+    import dataclasses
+    import math
+
+    from hf_flashpatch.kernels import backward, forward
+
+    for head_dim, candidates in SWEEP_CANDIDATES.items():
+        batch, heads, q, k, v, dout = _inputs(seqlen, head_dim)
+        default = backward.BackwardConfig.choose(head_dim, q.dtype, False)
+        for causal in (False, True):
+            right = 0 if causal else -1
+            out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
+                                                 window_right=right, softcap=None)  # fmt: skip
+            scale = 1.0 / math.sqrt(head_dim)
+            reference = None
+            for overrides in candidates:
+                cfg = dataclasses.replace(default, **overrides)
+
+                def call(cfg=cfg):
+                    return backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 0, 0, scale, -1,
+                                                     right, 0.0, False)  # fmt: skip
+
+                grads = call()
+                if reference is None:
+                    reference = grads
+                diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, reference))
+                ms = _time_ms(call)
+                results.append(dict(part="backward", panel="bwd tile sweep", series=repr(overrides or "default"),
+                                    head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s",
+                                    value=_bwd_tflops(batch, heads, seqlen, head_dim, causal, ms), ms=ms,
+                                    max_abs_diff_vs_default=diff))  # fmt: skip
+        del q, k, v, dout
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------ training
 
 
@@ -221,15 +272,17 @@ def run_max_seqlen(results: list, limit: int = 1 << 20) -> None:
                             search_s=time.perf_counter() - t0))  # fmt: skip
 
 
-def run(results: list, quick: bool = False, max_seqlen: bool = False) -> None:
-    """Append the kernel, training-speed and (with ``max_seqlen``) memory-limit rows to ``results``.
-    A part that fails is reported as an error row and the next part still runs."""
-    parts = [run_kernels, run_training] + ([run_max_seqlen] if max_seqlen else [])
+def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False) -> None:
+    """Append the kernel, training-speed, (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit
+    rows to ``results``. A part that fails is reported as an error row and the next part still runs."""
+    parts = [lambda r: run_kernels(r, quick), lambda r: run_training(r, quick)]
+    parts += [sweep_configs] if sweep else []
+    parts += [run_max_seqlen] if max_seqlen else []
     for part in parts:
         try:
-            part(results, quick) if part is not run_max_seqlen else part(results)
+            part(results)
         except Exception as exc:
-            results.append(dict(part="backward", panel=part.__name__, series="error", head_dim=0, seqlen=0,
+            results.append(dict(part="backward", panel="failed part", series="error", head_dim=0, seqlen=0,
                                 causal=False, value=None, unit="", error=f"{type(exc).__name__}: {exc}"[:300]))  # fmt: skip
 
 
@@ -239,6 +292,7 @@ def _print(rows: list) -> None:
         value = "-" if r.get("value") is None else f"{r['value']:.4g}"
         extra = f"  {r['error']}" if "error" in r else ""
         extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
+        extra += f"  diff_vs_default={r['max_abs_diff_vs_default']:.3g}" if "max_abs_diff_vs_default" in r else ""
         extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""
         print(f"{r['series'][:18]:<18} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>10} "
               f"{r['unit']}{extra}")  # fmt: skip
@@ -248,7 +302,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k, no Flex (compile time), 4-layer model")
     parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
+    parser.add_argument("--sweep", action="store_true", help="also time the SWEEP_CANDIDATES configs at seqlen 4k")
     args = parser.parse_args()
     rows: list = []
-    run(rows, quick=args.quick, max_seqlen=args.max_seqlen)
+    run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep)
     _print(rows)

@@ -2,12 +2,16 @@
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
 bf16/fp16 x softcap); each holds the preprocess, dK/dV (atomic-dQ and deterministic), dQ and convert
-kernels. ptxas' report must show every entry point with 0 bytes of spill stores and loads.
+kernels. ptxas' report must show every entry point with 0 bytes of spill stores and loads, and the
+SASS must hold m16n8k16 HMMA and no local-memory traffic (when cuobjdump is at hand).
 """
 
 import os
 import re
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +47,27 @@ def test_all_backward_builds_compile_without_spills():
         assert set(spills) == ENTRIES, f"{build}: entries {sorted(spills)}"
         spilled = {name: s for name, s in spills.items() if s != (0, 0)}
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
+
+
+def _find_cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton  # its wheel ships cuobjdump
+    except ImportError:
+        return None
+    candidate = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    return str(candidate) if candidate.is_file() else None
+
+
+def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
+    cuobjdump = _find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found")
+    for build in [b for b in all_builds() if ("HEAD_DIM", "128") in b.defines]:  # bf16/fp16 x softcap
+        path = tmp_path / "bwd.cubin"
+        path.write_bytes(compile_cubin(build)[0])
+        sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+        assert "HMMA.16816.F32" in sass, f"{build}: no m16n8k16 tensor-core MMA in the SASS"
+        assert not re.search(r"\b(LDL|STL)\b", sass), f"{build}: local-memory loads/stores in the SASS"
