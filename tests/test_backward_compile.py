@@ -1,4 +1,5 @@
-"""Every backward kernel variant compiles for sm_90a without register spills (CPU only: needs nvcc).
+"""CPU checks of the backward kernel: every variant compiles for sm_90a without register spills (needs
+nvcc), tile configs fit, the torch fallback matches the oracle, and the autograd gets registered.
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
 bf16/fp16 x softcap); each holds the preprocess, dK/dV (atomic-dQ and deterministic), dQ and convert
@@ -20,7 +21,7 @@ from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 
 ENTRIES = {"bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_dkdv", "bwd_dq", "bwd_convert_dq"}
 
-pytestmark = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 
 
 def _ptxas_spills(report: str) -> dict[str, tuple[int, int]]:
@@ -36,6 +37,7 @@ def _ptxas_spills(report: str) -> dict[str, tuple[int, int]]:
     return spills
 
 
+@needs_nvcc
 def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
     assert len(builds) == len(set(builds)) == 20
@@ -61,6 +63,7 @@ def _find_cuobjdump() -> str | None:
     return str(candidate) if candidate.is_file() else None
 
 
+@needs_nvcc
 def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
     cuobjdump = _find_cuobjdump()
     if cuobjdump is None:
@@ -71,3 +74,79 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
         assert "HMMA.16816.F32" in sass, f"{build}: no m16n8k16 tensor-core MMA in the SASS"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{build}: local-memory loads/stores in the SASS"
+
+
+# ------------------------------------------------------------------------------- config and fallback (no nvcc needed)
+
+SMEM_OPT_IN_LIMIT = 232448  # bytes of dynamic shared memory per block on H100/H200
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 256])
+@pytest.mark.parametrize("softcap", [False, True])
+def test_config_tiles_fit(head_dim, softcap):
+    import torch
+
+    from hf_flashpatch.kernels.backward import BackwardConfig
+
+    cfg = BackwardConfig.choose(head_dim, torch.bfloat16, softcap)
+    assert cfg.dkdv_smem_bytes() <= SMEM_OPT_IN_LIMIT and cfg.dq_smem_bytes() <= SMEM_OPT_IN_LIMIT
+    assert cfg.block_n % 16 == 0 and cfg.block_m % 16 == 0 and head_dim % cfg.d_split == 0
+    dq_row_warps = min(cfg.block_m // 16, cfg.num_warps)
+    dq_cols = head_dim // (cfg.num_warps // dq_row_warps)
+    assert dq_cols % min(cfg.dq_chunk, dq_cols) == 0, "dQ column chunks must tile a warp's columns"
+
+
+def test_config_refuses_what_it_does_not_serve():
+    import torch
+
+    from hf_flashpatch import KernelUnsupported
+    from hf_flashpatch.kernels.backward import BackwardConfig
+
+    with pytest.raises(KernelUnsupported, match="head_dim"):
+        BackwardConfig.choose(80, torch.bfloat16, False)
+    with pytest.raises(KernelUnsupported, match="float32"):
+        BackwardConfig.choose(64, torch.float32, False)
+
+
+@pytest.mark.parametrize(
+    "seqlens,heads,causal,window,softcap",
+    [((37, 53), (4, 2), True, (-1, -1), None), ((53, 37), (4, 1), False, (5, 3), 7.0), ((20, 9), (2, 2), True, (-1, -1), None)],
+)  # fmt: skip
+def test_torch_fallback_matches_oracle(seqlens, heads, causal, window, softcap):
+    """The documented fallback (the op on CPU) against autograd through the fp32 reference."""
+    import math
+    import warnings
+
+    import torch
+
+    from hf_flashpatch.kernels import backward
+    from hf_flashpatch.reference import attention_reference, normalize_window
+
+    (sq, sk), (h, hk) = seqlens, heads
+    q = torch.randn(2, sq, h, 32, dtype=torch.float64, requires_grad=True)  # (B, S_q, H, D)
+    k = torch.randn(2, sk, hk, 32, dtype=torch.float64, requires_grad=True)  # (B, S_k, H_kv, D)
+    v = torch.randn(2, sk, hk, 32, dtype=torch.float64, requires_grad=True)
+    out, lse = attention_reference(q, k, v, causal=causal, window=window, softcap=softcap)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    left, right = normalize_window(window, causal)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "backward kernel not used (tensor is on cpu)"
+        grads = backward._backward_op(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), None,
+                                      None, None, sq, sk, 1 / math.sqrt(32), left, right, softcap or 0.0, False)  # fmt: skip
+    for g, ref in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_autograd_registered_whichever_module_is_imported_first():
+    """Importing the backward module alone makes the forward op differentiable (it pulls the forward in)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\nfrom hf_flashpatch.kernels import backward\n"
+        "assert backward._registered, 'autograd not registered'\n"
+        "assert hasattr(torch.ops.hf_flashpatch, 'attention_forward')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
