@@ -80,7 +80,13 @@ def main(argv=None) -> int:
 
     dtype = resolve_dtype(args.dtype, args.device)
     started = time.perf_counter()
-    model, tokenizer = load_model_and_tokenizer(args.model, dtype=dtype, attn_implementation="sdpa", device=args.device)
+    try:
+        model, tokenizer = load_model_and_tokenizer(
+            args.model, dtype=dtype, attn_implementation="sdpa", device=args.device
+        )
+    except (FileNotFoundError, OSError, ImportError) as exc:
+        print(f"could not load {args.model or 'the shipped SmolLM2'}: {type(exc).__name__}: {exc}")
+        return 2
     print(f"loaded {args.model or 'SmolLM2-135M-Instruct (GGUF)'} on {args.device} in {dtype} "
           f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
 

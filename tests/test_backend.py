@@ -81,6 +81,18 @@ def test_patch_switches_a_loaded_model_and_back():
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_from_pretrained_with_our_name(tmp_path):
+    saved = tiny_model("qwen2", "sdpa")
+    saved.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=NAME).eval()
+    assert loaded.config._attn_implementation == NAME
+    ids, mask = padded_batch([8, 5], 8)
+    with torch.no_grad():
+        got, want = (m(input_ids=ids, attention_mask=mask).logits for m in (loaded, saved))
+    real = mask.bool()
+    torch.testing.assert_close(got[real], want[real], atol=2e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("bad", ["flash_mine", "my_sdpa", "a/b", ""])
 def test_reserved_names_refused(bad):
     from hf_flashpatch.backend import check_name
