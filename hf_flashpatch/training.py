@@ -177,7 +177,11 @@ def _load_model(args: TrainArgs, attn_implementation: str):
         print(report.summary())
     model.config.use_cache = False
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Newer transformers rename gradient_checkpointing_enable (and its kwargs argument).
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.train(), tokenizer
 
 
@@ -389,7 +393,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                     accelerator.print(f"step {state.step}: eval perplexity {state.evals[-1]['perplexity']:.3f}")
                 flag = accelerator.reduce(torch.tensor(float(stop.requested), device=device), reduction="sum")
                 interrupted = flag.item() > 0
-                if interrupted or (args.save_every and state.step % args.save_every == 0) or state.step == max_steps:
+                periodic = args.save_every and (state.step % args.save_every == 0 or state.step == max_steps)
+                if interrupted or periodic:
                     state.elapsed_s += time.perf_counter() - run_start
                     run_start = time.perf_counter()
                     _save_checkpoint(accelerator, output, state)
