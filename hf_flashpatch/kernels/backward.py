@@ -156,7 +156,12 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     if v.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs v's head_dim == q's, got {tuple(v.shape)} and {tuple(q.shape)}")
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
-    return BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch)
+    cfg = BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch)
+    limit = getattr(torch.cuda.get_device_properties(q.device), "shared_memory_per_block_optin", None)
+    needed = max(cfg.dkdv_smem_bytes(), cfg.dq_smem_bytes())
+    if limit is not None and needed > limit:  # e.g. Ada (99 KB) at head dim 128: sized for Hopper/A100
+        raise KernelUnsupported(f"backward tiles need {needed} bytes of shared memory, the device allows {limit}")
+    return cfg
 
 
 def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
@@ -169,7 +174,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     if varlen:
         batch, batch_ws, rows_valid = cu_q.numel() - 1, 1, q.shape[0]
         seqlen_q, seqlen_k = int(max_q), int(max_k)
-        cu_q, cu_k = cu_q.to(torch.int32).contiguous(), cu_k.to(torch.int32).contiguous()
+        cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32).contiguous() for c in (cu_q, cu_k))
 
         def strides(t):  # (T, H, D): no batch stride, sequence b starts at cu_seqlens[b]
             return 0, t.stride(0), t.stride(1)
