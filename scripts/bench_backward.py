@@ -254,8 +254,10 @@ def _fits(attn: str, seqlen: int) -> bool:
         torch.cuda.empty_cache()
 
 
-def run_max_seqlen(results: list, limit: int = 1 << 20) -> None:
-    """Binary search (multiples of 1024) of the longest sequence one checkpointed training step fits."""
+def run_max_seqlen(results: list, limit: int = 1 << 18) -> None:
+    """Binary search (multiples of 1024, up to ``limit``) of the longest sequence one checkpointed training
+    step fits. With a 128k vocabulary the full logits (and their fp32 loss) take ~10 bytes x 128k per
+    token, so the LM head, not attention, may set the limit for both implementations."""
     from hf_flashpatch import ATTN_NAME
 
     for attn in ("sdpa", ATTN_NAME):
