@@ -41,17 +41,23 @@ def run_metadata() -> dict:
 
 
 def print_tables(rows: list[dict]) -> None:
-    for part in PARTS:
-        part_rows = [r for r in rows if r.get("part") == part]
-        if not part_rows:
-            continue
-        keys = []
-        for r in part_rows:
-            keys += [k for k in r if k != "part" and k not in keys]
-        print(f"\n== {part} ==")
-        print(" | ".join(keys))
-        for r in part_rows:
-            print(" | ".join(f"{r[k]:.3g}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys))
+    """One pivot table per (part, panel): a line per x (seqlen, BxL, ...), a column per series."""
+    panels: dict[tuple, list[dict]] = {}
+    for r in rows:
+        panels.setdefault((r.get("part", ""), r.get("panel", "")), []).append(r)
+    for (part, panel), sub in panels.items():
+        series = list(dict.fromkeys(r.get("series", "") for r in sub))
+        xs = list(dict.fromkeys(str(r.get("x", r.get("seqlen", ""))) for r in sub))
+        units = sorted({str(r.get("unit", "")) for r in sub})
+        print(f"\n== {part}: {panel} [{', '.join(units)}] ==")
+        print("x | " + " | ".join(series))
+        for x in xs:
+            cells = []
+            for name in series:
+                hit = [r for r in sub if str(r.get("x", r.get("seqlen", ""))) == x and r.get("series", "") == name]
+                value = hit[-1].get("value") if hit else None
+                cells.append("-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value))
+            print(f"{x} | " + " | ".join(cells))
 
 
 def plot(rows: list[dict], path: Path) -> None:
