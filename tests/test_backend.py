@@ -243,3 +243,17 @@ def test_head_counts_come_from_shapes():
     out, _ = attention_forward(torch.nn.Module(), q, k, v, None)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_unpad_plan_follows_in_place_mask_changes():
+    """The per-mask plan is reused across layers, but never for a mask changed in place."""
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, :2] = False
+    first, _ = attention_forward(torch.nn.Module(), q, k, v, mask)
+    mask[1, :3] = False  # in place: same object, new version
+    second, _ = attention_forward(torch.nn.Module(), q, k, v, mask)
+    fresh, _ = attention_forward(torch.nn.Module(), q, k, v, mask.clone())
+    torch.testing.assert_close(second, fresh)
+    assert not torch.allclose(first[1, 3:], second[1, 3:])
+    assert (second[1, :3] == 0).all()  # padded query rows are zeros

@@ -32,6 +32,9 @@ fp32 models run too; the public API serves fp32 with its torch fallback (the CUD
 
 from __future__ import annotations
 
+import threading
+from typing import NamedTuple
+
 import torch
 
 from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
@@ -112,10 +115,48 @@ def is_packed_row(position_ids, batch: int, seqlen_q: int, seqlen_k: int) -> boo
     """True when a batch-1 row without a cache holds several sequences (positions restart)."""
     if position_ids is None or batch != 1 or seqlen_q == 1 or seqlen_q != seqlen_k:
         return False
-    if position_ids.shape[-1] != seqlen_q:
+    if position_ids.dim() > 2 or position_ids.shape[-1] != seqlen_q:  # e.g. 3-D multimodal RoPE positions
         return False
     flat = position_ids.reshape(-1)
     return bool((flat.diff() != 1).any())
+
+
+class _UnpadPlan(NamedTuple):
+    """Where the real tokens of a padded batch are: flat row indices, cu_seqlens and longest length."""
+
+    rows_q: tuple[torch.Tensor, torch.Tensor]  # (batch index, position) of each real query, (T_q,) each
+    cu_q: torch.Tensor  # (B + 1,) int32
+    max_q: int
+    rows_k: tuple[torch.Tensor, torch.Tensor]  # the same for the keys, positions in 0..S_mask-1
+    cu_k: torch.Tensor
+    max_k: int
+
+
+_plans = threading.local()  # one cached plan per thread: every layer of a forward gets the same mask object
+
+
+def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
+    """The plan for ``key_mask`` ``(B, S_mask)``, computed once per mask rather than once per layer (it
+    costs host syncs). The cache holds the mask itself, so its identity and version cannot be reused."""
+    cached = getattr(_plans, "entry", None)
+    if cached is not None:
+        mask, version, cached_q, plan = cached
+        if mask is key_mask and version == key_mask._version and cached_q == seqlen_q:
+            return plan
+    bool_mask = key_mask.to(device=device, dtype=torch.bool)
+    lens_k = bool_mask.sum(dim=1, dtype=torch.int32)  # (B,)
+    query_mask = bool_mask[:, -seqlen_q:]  # (B, S_q): left padding puts the queries in the last columns
+    lens_q = query_mask.sum(dim=1, dtype=torch.int32)
+    plan = _UnpadPlan(
+        rows_q=tuple(query_mask.nonzero().unbind(1)),
+        cu_q=torch.nn.functional.pad(lens_q.cumsum(0, dtype=torch.int32), (1, 0)),
+        max_q=int(lens_q.max()),
+        rows_k=tuple(bool_mask.nonzero().unbind(1)),
+        cu_k=torch.nn.functional.pad(lens_k.cumsum(0, dtype=torch.int32), (1, 0)),
+        max_k=int(lens_k.max()),
+    )
+    _plans.entry = (key_mask, key_mask._version, seqlen_q, plan)
+    return plan
 
 
 def unpadded_attention(q, k, v, key_mask: torch.Tensor, **attn):
@@ -125,30 +166,21 @@ def unpadded_attention(q, k, v, key_mask: torch.Tensor, **attn):
     mask columns (left padding, as transformers' flash integration assumes); padded query rows get zeros.
     """
     batch, seqlen_q = q.shape[0], q.shape[1]
-    key_mask = key_mask.to(device=q.device, dtype=torch.bool)
     seqlen_mask = key_mask.shape[1]
     if k.shape[1] < seqlen_mask:
         raise ValueError(
             f"attention mask covers {seqlen_mask} keys but the keys have {k.shape[1]} "
             f"(k shape {tuple(k.shape)}, (batch, seqlen, heads, head_dim))"
         )
-    k, v = k[:, :seqlen_mask], v[:, :seqlen_mask]  # (B, S_mask, H_kv, D) views
-    lens_k = key_mask.sum(dim=1, dtype=torch.int32)  # (B,)
-    cu_k = torch.nn.functional.pad(lens_k.cumsum(0, dtype=torch.int32), (1, 0))  # (B + 1,)
-    keep_k = key_mask.reshape(-1).nonzero().view(-1)  # (T_k,)
-    k_packed = k.reshape(-1, *k.shape[2:])[keep_k]  # (T_k, H_kv, D)
-    v_packed = v.reshape(-1, *v.shape[2:])[keep_k]
-    query_mask = key_mask[:, -seqlen_q:]  # (B, S_q)
-    lens_q = query_mask.sum(dim=1, dtype=torch.int32)
-    cu_q = torch.nn.functional.pad(lens_q.cumsum(0, dtype=torch.int32), (1, 0))
-    keep_q = query_mask.reshape(-1).nonzero().view(-1)  # (T_q,)
-    q_packed = q.reshape(-1, *q.shape[2:])[keep_q]  # (T_q, H, D)
+    plan = unpad_plan(key_mask, seqlen_q, q.device)
+    # Gathered straight from the strided views: no contiguous copy of the whole cache first.
+    k_packed, v_packed = k[plan.rows_k], v[plan.rows_k]  # (T_k, H_kv, D)
+    q_packed = q[plan.rows_q]  # (T_q, H, D)
     out_packed = api.flash_attn_varlen_func(
-        q_packed, k_packed, v_packed, cu_q, cu_k, int(lens_q.max()), int(lens_k.max()), **attn
+        q_packed, k_packed, v_packed, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, **attn
     )  # (T_q, H, D)
-    out = out_packed.new_zeros(batch * seqlen_q, *out_packed.shape[1:])  # (B * S_q, H, D)
-    out = out.index_copy(0, keep_q, out_packed)
-    return out.view(batch, seqlen_q, *out.shape[1:])  # (B, S_q, H, D)
+    out = out_packed.new_zeros(batch, seqlen_q, *out_packed.shape[1:])  # (B, S_q, H, D)
+    return out.index_put(plan.rows_q, out_packed)  # padded query rows stay 0
 
 
 def attention_forward(
