@@ -59,6 +59,9 @@
 #ifndef PREFETCH_AFTER_SYNC  // bwd_dkdv: issue the next query tile's loads after the step's first barrier
 #define PREFETCH_AFTER_SYNC 0
 #endif
+#ifndef DQ_WARP_ROWS  // query rows per warp in bwd_dkdv's dQ product (16 or 32)
+#define DQ_WARP_ROWS 16
+#endif
 #ifndef MIN_BLOCKS  // __launch_bounds__ residency hint for bwd_dkdv
 #define MIN_BLOCKS 1
 #endif
@@ -78,8 +81,11 @@ constexpr int kDSplit = D_SPLIT;
 constexpr int kBlockN = (kWarps / kDSplit) * 16;  // keys per bwd_dkdv block
 constexpr int kDw = kD / kDSplit;                 // dK/dV columns owned by one warp
 constexpr int kPadM = kBlockM + 8;                // dS^T shared row stride
-// dQ (in bwd_dkdv): warps tile the (BLOCK_M x D) output as kDqRowWarps x kDqColWarps
-constexpr int kDqRowWarps = (kBlockM / 16) < kWarps ? (kBlockM / 16) : kWarps;
+// dQ (in bwd_dkdv): warps tile the (BLOCK_M x D) output as kDqRowWarps x kDqColWarps, each warp
+// kDqWarpRows query rows (16 or 32: 32 re-reads K half as often per MMA, for twice the accumulator)
+constexpr int kDqWarpRows = DQ_WARP_ROWS;
+constexpr int kDqMTiles = kDqWarpRows / 16;
+constexpr int kDqRowWarps = (kBlockM / kDqWarpRows) < kWarps ? (kBlockM / kDqWarpRows) : kWarps;
 constexpr int kDqColWarps = kWarps / kDqRowWarps;
 constexpr int kDqCols = kD / kDqColWarps;
 constexpr int kDqChunk = DQ_CHUNK < kDqCols ? DQ_CHUNK : kDqCols;  // dQ columns per pass
@@ -91,7 +97,8 @@ constexpr int kSsUnroll = SS_UNROLL;
 constexpr int kRsUnroll = RS_UNROLL;
 
 static_assert(kD % 16 == 0 && kDw % 16 == 0 && kDqCols % 16 == 0, "head dim tiling");
-static_assert(kBlockM % 16 == 0 && kBlockM / 16 * kDqColWarps == kWarps || kBlockM / 16 >= kWarps, "dQ warp tiling");
+static_assert(kBlockM % kDqWarpRows == 0 && kDqRowWarps * kDqWarpRows <= kBlockM && kWarps % kDqRowWarps == 0 &&
+                  kDqRowWarps * kDqColWarps == kWarps && kDqRowWarps * kDqWarpRows == kBlockM, "dQ warp tiling");
 static_assert(kQBlockN % 16 == 0, "bwd_dq key tile");
 static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ column chunks must tile a warp's columns");
 
@@ -418,36 +425,46 @@ __device__ __forceinline__ void dkdv_body(
         }
       }
       __syncthreads();
-      // dQ (kBlockM x D) += dS K; this warp: 16 query rows x kDqCols columns, kDqChunk at a time
+      // dQ (kBlockM x D) += dS K; this warp: kDqWarpRows query rows x kDqCols columns, kDqChunk at a time
       // (a smaller live accumulator next to the dK/dV registers; dS^T fragments are re-read per chunk).
-      const int qrow0 = (warp % kDqRowWarps) * 16, qcol0 = (warp / kDqRowWarps) * kDqCols;
+      const int qrow0 = (warp % kDqRowWarps) * kDqWarpRows, qcol0 = (warp / kDqRowWarps) * kDqCols;
       const int a_key = (lane >> 4) * 8 + (lane & 7), a_q = ((lane >> 3) & 1) * 8;
       const int b_row = ((lane >> 3) & 1) * 8 + (lane & 7), b_col = (lane >> 4) * 8;
       const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + qrow0 + g;
-      const bool row_lo = m0 + qrow0 + g < sq.y, row_hi = m0 + qrow0 + g + 8 < sq.y;
 #pragma unroll 1
       for (int c0 = qcol0; c0 < qcol0 + kDqCols; c0 += kDqChunk) {
-        float dq[kDqChunk / 8][4];
-        zero(dq);
+        float dq[kDqMTiles][kDqChunk / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < kDqMTiles; ++mt) zero(dq[mt]);
 #pragma unroll kDqUnroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          uint32_t af[4];
-          ldmatrix_x4_trans(af, smem_addr(ds_s + (kk * 16 + a_key) * kPadM + qrow0 + a_q));
+          uint32_t af[kDqMTiles][4];
+#pragma unroll
+          for (int mt = 0; mt < kDqMTiles; ++mt)
+            ldmatrix_x4_trans(af[mt], smem_addr(ds_s + (kk * 16 + a_key) * kPadM + qrow0 + mt * 16 + a_q));
 #pragma unroll
           for (int pp = 0; pp < kDqChunk / 16; ++pp) {
             uint32_t bf[4];
             ldmatrix_x4_trans(bf, smem_addr(k_s + (kk * 16 + b_row) * kPadD + c0 + pp * 16 + b_col));
             const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-            mma_16816<kBf16>(dq[2 * pp], af, b0);
-            mma_16816<kBf16>(dq[2 * pp + 1], af, b1);
+#pragma unroll
+            for (int mt = 0; mt < kDqMTiles; ++mt) {
+              mma_16816<kBf16>(dq[mt][2 * pp], af[mt], b0);
+              mma_16816<kBf16>(dq[mt][2 * pp + 1], af[mt], b1);
+            }
           }
         }
 #pragma unroll
-        for (int j = 0; j < kDqChunk / 8; ++j) {
-          const int col = c0 + j * 8 + 2 * t4;
-          if (row_lo) atomicAdd(reinterpret_cast<float2*>(dq_accum + ws_row * kD + col), make_float2(dq[j][0], dq[j][1]));
-          if (row_hi)
-            atomicAdd(reinterpret_cast<float2*>(dq_accum + (ws_row + 8) * kD + col), make_float2(dq[j][2], dq[j][3]));
+        for (int mt = 0; mt < kDqMTiles; ++mt) {
+          const int row = m0 + qrow0 + mt * 16 + g;
+          float* dst = dq_accum + (ws_row + mt * 16) * kD;
+#pragma unroll
+          for (int j = 0; j < kDqChunk / 8; ++j) {
+            const int col = c0 + j * 8 + 2 * t4;
+            if (row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[mt][j][0], dq[mt][j][1]));
+            if (row + 8 < sq.y)
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[mt][j][2], dq[mt][j][3]));
+          }
         }
       }
     }

@@ -139,11 +139,12 @@ def run_kernels(results: list, quick: bool = False) -> None:
 
 # Spill-free alternatives to BackwardConfig.choose's pick (checked with ptxas -v), as field overrides.
 SWEEP_CANDIDATES = {
-    128: [{}, {"prefetch_after_sync": True}, {"ss_unroll": 8, "dq_chunk": 16}, {"ss_unroll": 1},
-          {"block_m": 32, "ss_unroll": 8}, {"ss_unroll": 8, "dq_chunk": 16, "prefetch_after_sync": True},
+    128: [{}, {"prefetch_after_sync": True}, {"dq_warp_rows": 32}, {"dq_warp_rows": 32, "prefetch_after_sync": True},
+          {"ss_unroll": 4}, {"ss_unroll": 4, "dq_warp_rows": 32}, {"ss_unroll": 1}, {"block_m": 32, "ss_unroll": 8},
+          {"ss_unroll": 4, "dq_warp_rows": 32, "prefetch_after_sync": True},
           {"block_m": 32, "ss_unroll": 8, "dq_chunk": 16, "prefetch_after_sync": True}],
-    64: [{}, {"prefetch_after_sync": True}, {"ss_unroll": 8}, {"ss_unroll": 1}, {"block_m": 32},
-         {"block_m": 32, "ss_unroll": 8}],
+    64: [{}, {"prefetch_after_sync": True}, {"dq_warp_rows": 32}, {"ss_unroll": 8}, {"ss_unroll": 1},
+         {"block_m": 32}, {"block_m": 32, "ss_unroll": 8}],
 }  # fmt: skip
 
 

@@ -62,6 +62,7 @@ class BackwardConfig:
     rs_unroll: int = 8
     dq_chunk: int = 32
     prefetch_after_sync: bool = False  # 2 barriers per bwd_dkdv step instead of 3 (a sweep candidate)
+    dq_warp_rows: int = 16  # query rows per warp in bwd_dkdv's dQ product; 32 halves its K re-reads
     arch: str = "sm_90a"
 
     @property
@@ -104,7 +105,7 @@ class BackwardConfig:
             ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
             ("DQ_BLOCK_N", self.dq_block_n), ("DQ_WARPS", self.dq_warps), ("SS_UNROLL", self.ss_unroll),
             ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk),
-            ("PREFETCH_AFTER_SYNC", int(self.prefetch_after_sync)),
+            ("PREFETCH_AFTER_SYNC", int(self.prefetch_after_sync)), ("DQ_WARP_ROWS", self.dq_warp_rows),
         )  # fmt: skip
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
