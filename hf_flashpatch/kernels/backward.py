@@ -14,10 +14,11 @@ Launch sequence (one stream):
    fp32 workspace with atomics), then ``bwd_convert_dq`` (scale + cast). One pass over the 5 GEMMs.
    ``deterministic=True``: ``bwd_dkdv`` (no dQ) then ``bwd_dq`` (one block per query tile, dQ in
    registers, no atomics): bit-identical results run to run, at the price of recomputing ``Q K^T`` and
-   ``dO V^T`` (7 GEMMs instead of 5, so about 1.4x the backward time; see ``notes/backward.md``).
+   ``dO V^T`` (7 GEMMs instead of 5; measured 1.10-1.29x the atomic path's time on an H200, which is
+   why the atomic path is the default; see ``notes/backward.md``).
 
 Fallback: calls the kernels cannot serve (CPU, fp32, head dims other than 32/64/96/128/256, no
-pycuda/nvcc, compute capability < 8.0) raise :class:`KernelUnsupported` from
+pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) raise :class:`KernelUnsupported` from
 :func:`attention_backward`; the custom op and the autograd take :func:`torch_backward` instead
 (warning once): it recomputes ``P = exp(S - lse)`` in fp32 one query chunk at a time (memory
 ``O(chunk * S_k)``) and applies the same gradient formulas.
