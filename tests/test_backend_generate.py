@@ -1,6 +1,8 @@
 """Generation through the backend on CPU: greedy ``generate`` with DynamicCache and StaticCache, and
 continuous batching (``generate_batch``, ``generate(cache_implementation="paged")``), against ``sdpa``."""
 
+import inspect
+
 import pytest
 import torch
 from test_backend import NAME, padded_batch, tiny_model, twin_models
@@ -61,8 +63,9 @@ def test_unpadded_static_cache_matches_sdpa(kind):
     ids = torch.randint(3, 128, (2, 5))
     mask = torch.ones_like(ids)
     assert torch.equal(greedy(ours, ids, mask, cache_implementation="static"), greedy(ref, ids, mask))
-    # a plain forward into a fresh StaticCache, without any attention mask (5.23+ names the argument `cache`)
-    cached = [m(input_ids=ids, past_key_values=StaticCache(config=m.config, max_cache_len=16)) for m in (ours, ref)]
+    # a plain forward into a fresh StaticCache, without any attention mask
+    name = "cache" if "cache" in inspect.signature(ours.forward).parameters else "past_key_values"  # 5.23+: cache
+    cached = [m(input_ids=ids, **{name: StaticCache(config=m.config, max_cache_len=16)}) for m in (ours, ref)]
     got, want = (out.logits for out in cached)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
