@@ -10,6 +10,8 @@ import warnings
 import pytest
 import torch
 
+from .greedy import first_divergence_is_near_tie
+
 pytestmark = pytest.mark.gpu
 pytest.importorskip("transformers")
 if not torch.cuda.is_available():
@@ -109,27 +111,19 @@ def test_greedy_generate_matches_sdpa(cache, lengths):
             got = model.generate(input_ids=ids, **kwargs)
     no_fallback(caught)
     assert got.shape == (len(lengths), max(lengths) + NEW_TOKENS)
-    assert_same_greedy(model.to(torch.float32), got, want, mask)
+    assert_same_greedy(model, got, want, mask)
 
 
-def assert_same_greedy(model_fp32, got, want, mask):
-    """Equal greedy tokens, except that a row may diverge at a near-tie: where the two choices' fp32 logits
-    are closer than bf16 can tell apart (a step both backends may legitimately take either way)."""
-    model_fp32.set_attn_implementation("sdpa")
+def assert_same_greedy(model, got, want, mask):
+    """Equal greedy tokens, except that a row may diverge at a near-tie (see ``greedy.py``)."""
     prompt_len = mask.shape[1]
     for row in range(got.shape[0]):
-        differ = (got[row] != want[row]).nonzero()
-        if differ.numel() == 0:
-            continue
-        step = int(differ[0])
-        assert step >= prompt_len, "the prompts themselves differ"
-        prefix = got[row : row + 1, :step]
-        prefix_mask = torch.cat([mask[row : row + 1], torch.ones_like(prefix[:, prompt_len:])], dim=1)
-        with torch.no_grad():
-            logits = model_fp32(input_ids=prefix, attention_mask=prefix_mask).logits[0, -1]
-        gap = (logits[got[row, step]] - logits[want[row, step]]).abs().item()
-        tie = 2 * 2.0**-8 * logits.abs().max().item()  # two bf16 roundings of the largest logit
-        assert gap <= tie, f"row {row} diverges at new token {step - prompt_len}: fp32 logit gap {gap:.3g} > {tie:.3g}"
+        assert torch.equal(got[row, :prompt_len], want[row, :prompt_len]), "the prompts themselves differ"
+        context = got[row, :prompt_len][mask[row].bool()].tolist()  # the real (unpadded) prompt tokens
+        ok, where = first_divergence_is_near_tie(
+            model, context, got[row, prompt_len:].tolist(), want[row, prompt_len:].tolist()
+        )
+        assert ok, f"row {row} {where}"
 
 
 def test_fp32_model_on_gpu_takes_the_torch_fallback():
