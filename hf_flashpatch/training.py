@@ -36,6 +36,8 @@ from . import ATTN_NAME, text_data
 __all__ = ["TrainArgs", "add_train_arguments", "evaluate_perplexity", "resolve_attn_implementation", "train"]
 
 CHECKPOINT = "checkpoint"
+# Which parameters train (names contain ".<part>."); None = all of them.
+TRAINABLE = {"all": None, "attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "kv": ("k_proj", "v_proj")}
 STATE_FILE = "trainer_state.json"
 
 
@@ -52,6 +54,7 @@ class TrainArgs:
     max_train_docs: int | None = None
     kv_heads: int | None = None  # convert (GQA/MQA) before training
     convert_method: str = "mean"
+    trainable: str = "all"  # all (the paper's uptraining) | attention | kv (the converted projections only)
     attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
     packing: str = "fixed"  # fixed | flatten
     seq_len: int = 512
@@ -78,24 +81,50 @@ class TrainArgs:
     seed: int = 0
 
 
+FLAG_HELP = {
+    "model": "checkpoint folder, or 'smollm2' for the shipped SmolLM2-135M",
+    "output_dir": "run folder: checkpoint/ (resume point), final/ (the trained model), report.json",
+    "data": "a .txt file (documents separated by blank lines) or a save_to_disk folder; default: built-in real text",
+    "eval_data": "held-out .txt file (default: 5%% of --data, or every 10th built-in document)",
+    "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, or auto (wiki, else pydoc)",
+    "kv_heads": "convert to this many KV heads before training (1 = MQA)",
+    "convert_method": "pooling for --kv-heads: mean, first or random",
+    "trainable": "all (the paper), attention (q/k/v/o projections) or kv (k/v projections only)",
+    "attn_implementation": "attention backend; the plugin's by default (CUDA kernels on GPU, torch fallback on CPU)",
+    "packing": "fixed: rows of --seq-len tokens; flatten: whole documents per row (DataCollatorWithFlattening)",
+    "batch_size": "rows per process per micro-step",
+    "token_budget": "training tokens in total (all processes); sets the number of steps",
+    "token_fraction": "budget as a fraction of --pretrain-tokens (the paper uses 0.05)",
+    "warmup_steps": "default: 5%% of the steps",
+    "eval_every": "steps between held-out perplexity evaluations (0: none)",
+    "save_every": "steps between checkpoints (0: only on interrupt)",
+    "resume": "resume from OUTPUT/checkpoint when there is one",
+    "cpu": "force CPU even where a GPU exists",
+}
+CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("mean", "first", "random"),
+           "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten")}
+
+
 def add_train_arguments(parser, **defaults) -> None:
-    """One ``--flag`` per ``TrainArgs`` field (``model`` and ``output_dir`` positional-free, required)."""
+    """One ``--flag`` per ``TrainArgs`` field; ``defaults`` overrides the dataclass defaults per script."""
+    import argparse
     import dataclasses
 
     for f in dataclasses.fields(TrainArgs):
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)
         kind = str(f.type)
+        help_text = FLAG_HELP.get(f.name)
         if f.name in ("model", "output_dir") and f.name not in defaults:
-            parser.add_argument(flag, dest=f.name, required=True)
+            parser.add_argument(flag, dest=f.name, required=True, help=help_text)
         elif kind == "bool":
-            parser.add_argument(flag, dest=f.name, action=__import__("argparse").BooleanOptionalAction, default=default)
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            base = kind.split(" |")[0]
-            convert = {"int": int, "float": float}.get(base, str)
+            convert = {"int": int, "float": float}.get(kind.split(" |")[0], str)
             if f.name in ("token_budget", "pretrain_tokens"):
                 convert = lambda text: int(float(text))  # noqa: E731  (accept 2e12)
-            parser.add_argument(flag, dest=f.name, type=convert, default=default)
+            parser.add_argument(flag, dest=f.name, type=convert, default=default, help=help_text,
+                                choices=CHOICES.get(f.name))
 
 
 def resolve_attn_implementation(requested: str) -> str:
@@ -175,6 +204,11 @@ def _load_model(args: TrainArgs, attn_implementation: str):
         model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
                                        return_report=True)
         print(report.summary())
+    if args.trainable not in TRAINABLE:
+        raise ValueError(f"trainable must be one of {tuple(TRAINABLE)}, got {args.trainable!r}")
+    if TRAINABLE[args.trainable] is not None:
+        for name, param in model.named_parameters():
+            param.requires_grad_(any(f".{part}." in name for part in TRAINABLE[args.trainable]))
     model.config.use_cache = False
     if args.gradient_checkpointing:
         # Newer transformers rename gradient_checkpointing_enable (and its kwargs argument).
@@ -343,7 +377,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
         accelerator.print(f"resumed from {checkpoint} at step {state.step} ({state.tokens:,} tokens)")
 
     report = {"attn_implementation": attn, "max_steps": max_steps, "tokens_per_step": tokens_per_step,
-              "num_processes": world}
+              "num_processes": world, "distributed_type": str(accelerator.distributed_type.value),
+              "mixed_precision": accelerator.mixed_precision, "device": str(accelerator.device)}
     if state.step == 0 and args.eval_every:
         state.evals.append({"step": 0, "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
         accelerator.print(f"step 0: eval perplexity {state.evals[-1]['perplexity']:.3f}")

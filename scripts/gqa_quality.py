@@ -73,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uptrain-tokens", type=int, default=32768)
     parser.add_argument("--seq-len", type=int, default=256, help="uptraining sequence length")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--trainable", default="all", choices=("all", "attention", "kv"),
+                        help="parameters uptrained: all (as in the paper), attention projections, or k/v only")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=False,
                         help="also uptrain the unconverted model on the same budget")
     parser.add_argument("--attn-implementation", default=ATTN_NAME)
@@ -127,13 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         run = TrainArgs(model=str(source), output_dir=str(out / f"uptrain_{label}"), data=str(files["train"]),
                         eval_data=str(files["eval"]), attn_implementation=attn, packing="fixed",
                         seq_len=args.seq_len, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup_steps,
+                        trainable=args.trainable,
                         token_budget=args.uptrain_tokens, eval_every=0, eval_sequences=1, save_every=0,
                         resume=False, seed=args.seed)
         report = train(run)
         uptrained, _ = load_model_and_tokenizer(str(out / f"uptrain_{label}" / "final"), attn_implementation=attn)
         name = "mean-pooled + uptrained" if label == "mean" else "original + uptrained (control)"
         measure(name, uptrained, uptrain_tokens=report["tokens"], uptrain_steps=report["steps"],
-                uptrain_seconds=report["train_seconds"], first_loss=report["first_loss"],
+                uptrain_seconds=report["train_seconds"], trainable=args.trainable, lr=args.lr,
+                first_loss=report["first_loss"],
                 last_loss=report["last_loss"])
         del uptrained
 
