@@ -252,23 +252,27 @@ def _train_loader(args: TrainArgs, train):
 
 @torch.no_grad()
 def evaluate_perplexity(model, loader, accelerator=None) -> float:
-    """exp(mean next-token NLL) over every predicted token of ``loader`` (rows of equal length)."""
+    """exp(mean next-token NLL) over every predicted token of ``loader``.
+
+    Per-row sums go through ``gather_for_metrics``, which drops the rows accelerate repeats to give
+    every process the same number of batches, so N processes measure exactly what one does.
+    """
     was_training = model.training
     model.eval()
     device = accelerator.device if accelerator is not None else next(model.parameters()).device
-    total_nll = torch.zeros((), dtype=torch.float64, device=device)
-    total_tokens = torch.zeros((), dtype=torch.float64, device=device)
+    total_nll, total_tokens = 0.0, 0
     for batch in loader:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-        predicted = (batch["labels"][:, 1:] != -100).sum()
-        total_nll += loss.double() * predicted
-        total_tokens += predicted
-    if accelerator is not None:
-        total_nll = accelerator.reduce(total_nll, reduction="sum")
-        total_tokens = accelerator.reduce(total_tokens, reduction="sum")
+        labels = batch["labels"].to(device)[:, 1:]  # (B, S-1): next-token targets
+        logits = model(input_ids=batch["input_ids"].to(device)).logits[:, :-1]  # (B, S-1, V)
+        nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100,
+                                                reduction="none")  # (B, S-1)
+        row_nll, row_tokens = nll.sum(dim=1).double(), (labels != -100).sum(dim=1)  # (B,), (B,)
+        if accelerator is not None:
+            row_nll, row_tokens = accelerator.gather_for_metrics((row_nll, row_tokens))
+        total_nll += row_nll.sum().item()
+        total_tokens += int(row_tokens.sum().item())
     model.train(was_training)
-    return math.exp(total_nll.item() / total_tokens.item())
+    return math.exp(total_nll / total_tokens)
 
 
 def _peak_memory_bytes(device) -> int:
@@ -394,9 +398,12 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     with _StopFlag() as stop:
         while state.step < max_steps and not interrupted:
             epoch, offset = divmod(state.step, steps_per_epoch)
-            order.set_epoch(epoch)
             # Batches already consumed this epoch (per process) are skipped: the data position resumes.
             loader = accelerator.skip_first_batches(train_loader, offset * args.grad_accum) if offset else train_loader
+            # A prepared loader re-seeds its sampler with its own epoch counter when iterated (a fresh
+            # skipping loader would say 0): set both it and our sampler to the epoch we are in.
+            loader.set_epoch(epoch)
+            order.set_epoch(epoch)
             micro, step_loss, step_tokens = 0, 0.0, 0
             for batch in loader:
                 with accelerator.accumulate(model):
