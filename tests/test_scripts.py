@@ -223,3 +223,17 @@ def test_packing_helpers():
     assert text_data.flattening_batches([3, 2, 4, 3], 5) == [[0, 1], [2], [3]]
     with pytest.raises(ValueError, match="document 1 has 9 tokens > max_tokens=5"):
         text_data.flattening_batches([3, 9], 5)
+
+
+def test_data_order_is_a_function_of_seed_and_epoch():
+    from hf_flashpatch.training import EpochShuffleSampler, PackBatchSampler
+
+    sampler = EpochShuffleSampler(50, seed=1)
+    epoch0 = list(sampler)
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    assert sorted(epoch0) == sorted(epoch1) == list(range(50)) and epoch0 != epoch1
+    sampler.set_epoch(0)
+    assert list(sampler) == epoch0 == list(EpochShuffleSampler(50, seed=1))
+    packs = PackBatchSampler([[0, 1], [2], [3, 4, 5]], seed=0)
+    assert sorted(map(tuple, packs)) == [(0, 1), (2,), (3, 4, 5)]
