@@ -62,6 +62,9 @@
 #ifndef DQ_WARP_ROWS  // query rows per warp in bwd_dkdv's dQ product (16 or 32)
 #define DQ_WARP_ROWS 16
 #endif
+#ifndef BWD_TILED  // 1: bwd_dkdv_dq_atomic takes the 2-D warp-tiled body of bwd_tiled.cuh (d64/d128)
+#define BWD_TILED 0
+#endif
 #ifndef MIN_BLOCKS  // __launch_bounds__ residency hint for bwd_dkdv
 #define MIN_BLOCKS 1
 #endif
@@ -494,6 +497,10 @@ __device__ __forceinline__ void dkdv_body(
   }
 }
 
+#if BWD_TILED
+#include "bwd_tiled.cuh"
+#endif
+
 #define HFP_DKDV_PARAMS                                                                                      \
   const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,      \
       const float *__restrict__ lse2_ws, const float *__restrict__ dvec_ws, float *__restrict__ dq_accum,    \
@@ -509,7 +516,11 @@ __device__ __forceinline__ void dkdv_body(
 
 // grid (ceil(max_seqlen_k / kBlockN), kv_heads, batch), kThreads threads.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
+#if BWD_TILED
+  dkdv_tiled_body(HFP_DKDV_ARGS);  // 2-D warp tiling of all five GEMMs (cuda/bwd_tiled.cuh)
+#else
   dkdv_body<true>(HFP_DKDV_ARGS);
+#endif
 }
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv(HFP_DKDV_PARAMS) {
   dkdv_body<false>(HFP_DKDV_ARGS);

@@ -2,7 +2,7 @@
 nvcc), tile configs fit, the torch fallback matches the oracle, and the autograd gets registered.
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
-bf16/fp16 x softcap); each holds the preprocess, dK/dV (atomic-dQ and deterministic), dQ and convert
+bf16/fp16 x softcap, and each ``VARIANTS`` entry's d64/d128 builds); each holds the preprocess, dK/dV (atomic-dQ and deterministic), dQ and convert
 kernels. ptxas' report must show every entry point with 0 bytes of spill stores and loads, and the
 SASS must hold m16n8k16 HMMA and no local-memory traffic (when cuobjdump is at hand).
 """
@@ -40,7 +40,10 @@ def _ptxas_spills(report: str) -> dict[str, tuple[int, int]]:
 @needs_nvcc
 def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
-    assert len(builds) == len(set(builds)) == 20
+    # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
+    # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there)
+    assert len(builds) == len(set(builds)) == 34
+    assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 14
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
@@ -68,7 +71,7 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
     cuobjdump = _find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump not found")
-    for build in [b for b in all_builds() if ("HEAD_DIM", "128") in b.defines]:  # bf16/fp16 x softcap
+    for build in [b for b in all_builds() if ("HEAD_DIM", "128") in b.defines]:  # variants x bf16/fp16 x softcap
         path = tmp_path / "bwd.cubin"
         path.write_bytes(compile_cubin(build)[0])
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout

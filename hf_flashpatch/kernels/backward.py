@@ -26,7 +26,9 @@ pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) r
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -65,10 +67,15 @@ class BackwardConfig:
     prefetch_after_sync: bool = False  # 2 barriers per bwd_dkdv step instead of 3 (a sweep candidate)
     dq_warp_rows: int = 16  # query rows per warp in bwd_dkdv's dQ product; 32 halves its K re-reads
     arch: str = "sm_90a"
+    # "default": the per-warp 16-key body of bwd_dkdv_dq_atomic; "tiled": cuda/bwd_tiled.cuh (all five
+    # GEMMs tiled 2-D over the 8 warps, P^T/dS^T through shared memory; d64/d128, non-deterministic only)
+    body: str = "default"
+    tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
+    tiled_block_m: int = 64  # query rows per step of the tiled body (128 spills at d64 and d128)
 
     @property
     def block_n(self) -> int:
-        return (self.num_warps // self.d_split) * 16
+        return (self.num_warps // self.d_split) * 16  # the tiled body's 128 keys too (8 warps, d_split 1)
 
     @property
     def threads(self) -> int:
@@ -79,9 +86,26 @@ class BackwardConfig:
         return self.dq_warps * 16
 
     @staticmethod
-    def choose(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str = "sm_90a") -> "BackwardConfig":
+    def choose(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str = "sm_90a",
+               variant: Optional[str] = None) -> "BackwardConfig":  # fmt: skip
         """The tile choice, one branch per reason (registers are the limit: dK and dV accumulate in
-        registers for the whole block, 2 * 16 * head_dim / 32 fp32 per thread per warp)."""
+        registers for the whole block, 2 * 16 * head_dim / 32 fp32 per thread per warp).
+
+        ``variant`` (else ``$HF_FLASHPATCH_BWD_VARIANT``, else ``"default"``) names an entry of
+        :data:`VARIANTS`; where that variant does not serve the head dim / softcap, the default config is
+        returned (so a variant can be switched on globally)."""
+        variant = variant or os.environ.get(VARIANT_ENV) or "default"
+        if variant not in VARIANTS:
+            raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {variant!r}")
+        base = BackwardConfig._choose_default(head_dim, dtype, softcap, arch)
+        serves, overrides = VARIANTS[variant]
+        if (head_dim, bool(softcap)) not in serves:
+            return base
+        return _variant_fixups(dataclasses.replace(base, **overrides))
+
+    @staticmethod
+    def _choose_default(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> "BackwardConfig":
+        """The GPU-verified default body's tiles."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise KernelUnsupported(f"backward kernel head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if dtype not in (torch.float16, torch.bfloat16):
@@ -108,10 +132,16 @@ class BackwardConfig:
             ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk),
             ("PREFETCH_AFTER_SYNC", int(self.prefetch_after_sync)), ("DQ_WARP_ROWS", self.dq_warp_rows),
         )  # fmt: skip
+        if self.body == "tiled":  # appended only here, so the default builds keep their cache keys
+            defines += (("BWD_TILED", 1), ("TILED_BLOCK_M", self.tiled_block_m), ("TILED_UNROLL", self.tiled_unroll))
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
         pad_d, pad_m = self.head_dim + 8, self.block_m + 8
+        if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
+            m = self.tiled_block_m
+            elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
+            return 2 * elems + 4 * 4 * m
         elems = 2 * self.block_n * pad_d + 4 * self.block_m * pad_d + self.block_n * pad_m
         return 2 * elems + 4 * 4 * self.block_m
 
@@ -119,14 +149,35 @@ class BackwardConfig:
         return 2 * (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.head_dim + 8)
 
 
+VARIANT_ENV = "HF_FLASHPATCH_BWD_VARIANT"
+_TILED_DIMS = frozenset({(64, False), (64, True), (128, False), (128, True)})
+# name -> ((head_dim, softcap) pairs it serves, BackwardConfig overrides). "default" is the GPU-verified
+# body; the tiled ones are cuda/bwd_tiled.cuh (FA2's 2-D warp tiling, ~0.45 shared loads per MMA instead
+# of 0.60). tiled_u1 differs in the k-loop unroll only (fewer live fragments); d128 softcap takes
+# unroll 1 in both (unroll 2 spills 8 B there). A 128-query step spills at both head dims: not offered.
+VARIANTS: dict[str, tuple[frozenset, dict]] = {
+    "default": (frozenset(), {}),
+    "tiled": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 2}),
+    "tiled_u1": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 1}),
+}
+
+
+def _variant_fixups(cfg: BackwardConfig) -> BackwardConfig:
+    if cfg.body == "tiled" and cfg.head_dim == 128 and cfg.softcap:
+        return dataclasses.replace(cfg, tiled_unroll=1)
+    return cfg
+
+
 def all_builds() -> list[KernelBuild]:
-    """Every variant :func:`attention_backward` can launch on sm_90a (for the CI compile check)."""
-    return [
-        BackwardConfig.choose(d, dtype, softcap).build()
+    """Every build :func:`attention_backward` can launch on sm_90a, each variant's (for the CI compile check)."""
+    builds = [
+        BackwardConfig.choose(d, dtype, softcap, variant=name).build()
+        for name in VARIANTS
         for d in SUPPORTED_HEAD_DIMS
         for dtype in (torch.bfloat16, torch.float16)
         for softcap in (False, True)
     ]
+    return list(dict.fromkeys(builds))  # variants fall back to the default build where they do not serve
 
 
 # ------------------------------------------------------------------------------------ launching
@@ -207,6 +258,9 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))
     cu = (cu_q, cu_k) if varlen else (None, None)
     cu_tensors = (cu_q, cu_k) if varlen else ()
+    if deterministic and cfg.body != "default":  # the tiled body has no dQ-free twin: use the default's
+        cfg = BackwardConfig._choose_default(head_dim, q.dtype, cfg.softcap, cfg.arch)
+        build = cfg.build()
     grid_kv = ((seqlen_k + cfg.block_n - 1) // cfg.block_n, kv_heads, batch)
     if deterministic:
         dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
