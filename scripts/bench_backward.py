@@ -13,7 +13,9 @@
 3. ``--max-seqlen``: the longest sequence (multiple of 1024, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
-4. ``--sweep``: the alternative tile/unroll configs of ``SWEEP_CANDIDATES`` at seqlen 4k.
+4. ``--sweep``: every named body of ``backward.VARIANTS`` (the ones ``HF_FLASHPATCH_BWD_VARIANT`` selects) at
+   seqlen 4k and 16k, d64 and d128, causal and not, and the tile/unroll overrides of ``SWEEP_CANDIDATES``
+   at 4k; each row prints TFLOP/s and the max |gradient difference| to the default body's gradients.
 
 ``run(results, quick)`` appends one dict per measurement for ``scripts/bench.py``.
 """
@@ -149,25 +151,33 @@ SWEEP_CANDIDATES = {
 }  # fmt: skip
 
 
+SWEEP_VARIANT_SEQLENS = (4096, 16384)  # the named bodies (backward.VARIANTS) are timed at both
+
+
 def sweep_configs(results: list, seqlen: int = 4096) -> None:
-    """Time each candidate config of the non-deterministic backward; the gradients' max difference to the
-    default config's is recorded as a correctness smoke check."""
+    """Time each named variant (``backward.VARIANTS``, at every seqlen of ``SWEEP_VARIANT_SEQLENS``) and each
+    override candidate of ``SWEEP_CANDIDATES`` (at ``seqlen``) of the non-deterministic backward; the
+    gradients' max difference to the default config's is recorded as a correctness smoke check."""
     import dataclasses
     import math
 
     from hf_flashpatch.kernels import backward, forward
 
-    for head_dim, candidates in SWEEP_CANDIDATES.items():
-        batch, heads, q, k, v, dout = _inputs(seqlen, head_dim)
-        default = backward.BackwardConfig.choose(head_dim, q.dtype, False)
+    plan = [(n, head_dim) for n in SWEEP_VARIANT_SEQLENS for head_dim in SWEEP_CANDIDATES]
+    for seqlen_now, head_dim in plan:
+        batch, heads, q, k, v, dout = _inputs(seqlen_now, head_dim)
+        default = backward.BackwardConfig.choose(head_dim, q.dtype, False, variant="default")
+        named = [(f"variant={name}", backward.BackwardConfig.choose(head_dim, q.dtype, False, variant=name))
+                 for name in backward.VARIANTS]  # fmt: skip
+        overrides_list = SWEEP_CANDIDATES[head_dim][1:] if seqlen_now == seqlen else []
+        candidates = named + [(repr(o), dataclasses.replace(default, **o)) for o in overrides_list]
         for causal in (False, True):
             right = 0 if causal else -1
             out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
                                                  window_right=right, softcap=None)  # fmt: skip
             scale = 1.0 / math.sqrt(head_dim)
-            reference = None
-            for overrides in candidates:
-                cfg = dataclasses.replace(default, **overrides)
+            reference = None  # the first candidate is variant=default
+            for label, cfg in candidates:
 
                 def call(cfg=cfg):
                     return backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 0, 0, scale, -1,
@@ -178,9 +188,9 @@ def sweep_configs(results: list, seqlen: int = 4096) -> None:
                     reference = grads
                 diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, reference))
                 ms = _time_ms(call)
-                results.append(dict(part="backward", panel="bwd tile sweep", series=repr(overrides or "default"),
-                                    head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s",
-                                    value=_bwd_tflops(batch, heads, seqlen, head_dim, causal, ms), ms=ms,
+                results.append(dict(part="backward", panel="bwd tile sweep", series=label,
+                                    head_dim=head_dim, seqlen=seqlen_now, causal=causal, x=seqlen_now, unit="TFLOP/s",
+                                    value=_bwd_tflops(batch, heads, seqlen_now, head_dim, causal, ms), ms=ms,
                                     max_abs_diff_vs_default=diff))  # fmt: skip
         del q, k, v, dout
         torch.cuda.empty_cache()
@@ -291,14 +301,14 @@ def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: boo
 
 
 def _print(rows: list) -> None:
-    print(f"{'series':<18} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>10} unit")
+    print(f"{'series':<22} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>10} unit")
     for r in rows:
         value = "-" if r.get("value") is None else f"{r['value']:.4g}"
         extra = f"  {r['error']}" if "error" in r else ""
         extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
         extra += f"  diff_vs_default={r['max_abs_diff_vs_default']:.3g}" if "max_abs_diff_vs_default" in r else ""
         extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""
-        print(f"{r['series'][:18]:<18} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>10} "
+        print(f"{r['series'][:22]:<22} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>10} "
               f"{r['unit']}{extra}")  # fmt: skip
 
 
@@ -306,7 +316,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k, no Flex (compile time), 4-layer model")
     parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
-    parser.add_argument("--sweep", action="store_true", help="also time the SWEEP_CANDIDATES configs at seqlen 4k")
+    parser.add_argument("--sweep", action="store_true", help="also time every backward.VARIANTS body (4k, 16k) and the SWEEP_CANDIDATES configs (4k)")
     args = parser.parse_args()
     rows: list = []
     run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep)

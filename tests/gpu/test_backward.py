@@ -8,6 +8,10 @@ attention in the input dtype) plus a small eps. ``attention_backward`` is fed ``
 fp32 oracle, so these tests do not depend on the forward kernel; the end-to-end tests go through
 ``hf_flashpatch.flash_attn_func(...).backward()``. The allocator is filled with NaN before each
 kernel call, so a gradient element the kernel never writes shows up as NaN.
+
+Every body of ``bwd.VARIANTS`` (selected by ``$HF_FLASHPATCH_BWD_VARIANT``, the ``variant`` fixture) runs
+the core grid (shapes x mha/gqa/mqa x dtypes x d64/d128 x causal), the window, softcap and varlen cases;
+each checks that the variant's body is the one launched.
 """
 
 import math
@@ -29,6 +33,32 @@ from hf_flashpatch.reference import attention_reference, varlen_attention_refere
 DTYPES = [torch.bfloat16, torch.float16]
 SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024)]
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
+VARIANTS = list(bwd.VARIANTS)  # every selectable body runs the core grid ("default" is the shipped one)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_all_builds():
+    """Compile every build (all variants) in parallel up front: the disk cache then serves the tests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hf_flashpatch.kernels.build import compile_cubin
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(compile_cubin, bwd.all_builds()))
+
+
+@pytest.fixture(params=VARIANTS)
+def variant(request, monkeypatch):
+    """Select a body through the documented environment variable (read by BackwardConfig.choose)."""
+    monkeypatch.setenv(bwd.VARIANT_ENV, request.param)
+    return request.param
+
+
+def _assert_variant_used(variant, head_dim, dtype, softcap=False):
+    """The call under test really launches the variant's body (not the default it falls back to)."""
+    cfg = bwd.BackwardConfig.choose(head_dim, dtype, bool(softcap))
+    want = "default" if variant == "default" or (head_dim, bool(softcap)) not in bwd.VARIANTS[variant][0] else "tiled"
+    assert cfg.body == want, f"{variant}: got body {cfg.body!r} for d{head_dim}"
 
 
 def _poison_allocator(nbytes: int) -> None:
@@ -102,7 +132,9 @@ def _kernel_grads(q, k, v, dout, out, lse, *, causal=False, window=(-1, -1), sof
                                   softcap=softcap or 0.0, softmax_scale=scale, deterministic=deterministic, **varlen)  # fmt: skip
 
 
-def _check(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, deterministic=False, **kw):
+def _check(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, deterministic=False, variant=None, **kw):
+    if variant is not None:
+        _assert_variant_used(variant, head_dim, dtype, kw.get("softcap"))
     q, k, v, dout = _inputs(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype)
     out_ref, lse_ref, ref = _oracle(q, k, v, dout, **kw)
     grads = _kernel_grads(q, k, v, dout, out_ref.to(dtype), lse_ref, deterministic=deterministic, **kw)
@@ -115,8 +147,8 @@ def _check(batch, seqlen_q, seqlen_k, heads, kv_heads, head_dim, dtype, determin
 @pytest.mark.parametrize("heads", list(HEADS), ids=str)
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=str)
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_shapes(seqlens, heads, head_dim, dtype, causal):
-    _check(2, *seqlens, *HEADS[heads], head_dim, dtype, causal=causal)
+def test_backward_shapes(seqlens, heads, head_dim, dtype, causal, variant):
+    _check(2, *seqlens, *HEADS[heads], head_dim, dtype, causal=causal, variant=variant)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
@@ -131,14 +163,16 @@ def test_backward_other_head_dims(head_dim, causal):
     [((1023, 1024), (100, 0), True), ((1023, 1024), (64, 32), False), ((239, 511), (17, -1), False),
      ((511, 239), (-1, 5), False), ((113, 203), (0, 0), False)],
 )  # fmt: skip
-def test_backward_window(seqlens, window, causal, dtype):
-    _check(2, *seqlens, 4, 2, 128, dtype, causal=causal, window=window)
+def test_backward_window(seqlens, window, causal, dtype, variant):
+    _check(2, *seqlens, 4, 2, 128, dtype, causal=causal, window=window, variant=variant)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_softcap(head_dim, causal):
-    _check(2, 239, 512, 4, 1, head_dim, torch.bfloat16, causal=causal, softcap=5.0, scale=0.3)
+def test_backward_softcap(head_dim, causal, variant):
+    if variant != "default" and head_dim == 256:
+        pytest.skip("head dim 256 takes the default body in every variant")
+    _check(2, 239, 512, 4, 1, head_dim, torch.bfloat16, causal=causal, softcap=5.0, scale=0.3, variant=variant)
 
 
 def test_backward_strided_inputs():
@@ -153,13 +187,16 @@ def test_backward_strided_inputs():
 @pytest.mark.parametrize("heads", ["gqa", "mqa"])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_varlen(heads, deterministic, causal):
+def test_backward_varlen(heads, deterministic, causal, variant):
+    if variant != "default" and deterministic:
+        pytest.skip("deterministic=True takes the default body in every variant")
     h, hk = HEADS[heads]
     lens_q, lens_k = [1, 113, 0, 239, 1023, 64], [1, 203, 7, 239, 1024, 1]
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
     tq, tk = int(cu_q[-1]), int(cu_k[-1])
     dtype, d = torch.bfloat16, 128
+    _assert_variant_used(variant, d, dtype)
     q = torch.randn(tq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(tk, hk, d, device="cuda", dtype=dtype) for _ in range(2))
     dout = torch.randn_like(q)
