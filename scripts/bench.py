@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "runs"))
     parser.add_argument("--backward-sweep", action="store_true", help="also time the backward tile candidates")
     parser.add_argument("--max-seqlen", action="store_true", help="also search the longest trainable sequence")
+    parser.add_argument("--decode-sweep", action="store_true", help="also time the decode kernel variants")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +105,10 @@ def main(argv=None) -> int:
         try:
             module = importlib.import_module(f"bench_{part}")
             part_rows: list[dict] = []
-            extra = dict(sweep=args.backward_sweep, max_seqlen=args.max_seqlen) if part == "backward" else {}
+            extra = {
+                "backward": dict(sweep=args.backward_sweep, max_seqlen=args.max_seqlen),
+                "decode": dict(sweep=args.decode_sweep) if args.decode_sweep else {},
+            }.get(part, {})
             module.run(part_rows, quick=args.quick, **extra)
             rows += [{"part": part, **r} for r in part_rows]
         except Exception:  # noqa: BLE001 - one part failing must not lose the others' numbers
