@@ -17,9 +17,17 @@
 //   out   = num_splits == 1: normalised output + lse written directly; else per-split (o, lse) go to
 //           an fp32 workspace (split, flat token, head) merged by hfp_decode_combine.
 //
-// Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES.
+// Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES, and the
+// bandwidth variants (all 0 by default, which compiles to the original kernel):
+//   L2_PREFETCH, COALESCED_LOADS  the tile copy pattern (decode_kv_load.cuh);
+//   STAGGER_TILES  each warp walks its tiles starting at a CTA-dependent rotation, so the CTAs that run
+//                  together do not all read the same offset of equally strided (power-of-two apart)
+//                  cache regions at the same time (DRAM channel / L2 slice camping);
+//   EARLY_ISSUE    a warp refills the slot it has just finished before waiting for its next tile, so
+//                  STAGES tiles (not STAGES - 1) are in flight while it waits.
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
+#include "decode_kv_load.cuh"
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
@@ -32,6 +40,12 @@
 #endif
 #ifndef STAGES
 #define STAGES 3
+#endif
+#ifndef STAGGER_TILES
+#define STAGGER_TILES 0
+#endif
+#ifndef EARLY_ISSUE
+#define EARLY_ISSUE 0
 #endif
 
 namespace hfp {
@@ -140,11 +154,56 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   // Lane -> (key within tile, first chunk): lanes l and l+16 load the two 16-byte halves of each
   // 32-byte sector of one key row, so every sector is fetched whole.
   const int load_key = lane % 16, load_chunk0 = lane / 16;
+#if STAGGER_TILES
+  // Iteration `it` of this warp processes its tile (it + rotation) % n_tiles; the rotation is a
+  // multiplicative hash of the CTA index scaled to [0, n_tiles), the same fraction for all 4 warps
+  // (so they stay near each other), different for neighbouring CTAs. Online softmax is order-free.
+  const unsigned cta_id = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int rotation = n_tiles > 0 ? (int)__umulhi(cta_id * 0x9E3779B9u, (unsigned)n_tiles) : 0;
+  auto tile_of = [&](int it) {
+    const int tile = it + rotation;
+    return tile >= n_tiles ? tile - n_tiles : tile;
+  };
+#else
+  auto tile_of = [](int it) { return it; };
+#endif
 
   auto issue_tile = [&](int it) {
     const int slot = it % STAGES;
     if (it < n_tiles) {
-      const int key = k_begin + (warp + it * kWarps) * kTileKeys + load_key;
+#if COALESCED_LOADS
+      // Lane l (and l + 16) locates key key0 + l % 16 once; copy instruction i then covers the 32
+      // consecutive 16-byte chunks e = 32 i + lane of the tile (row e / kChunks, chunk e % kChunks).
+      const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
+      Elem* k_dst = warp_kv + slot * kStageElems;
+      Elem* v_dst = k_dst + kTileElems;
+#if KV_ADDRESSING != 0
+      const int my_key = key0 + load_key;
+      long long k_off, v_off;
+      p.kv.locate(b, my_key < k_end ? my_key : k_begin, k_off, v_off);
+      const Elem* k_mine = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
+      const Elem* v_mine = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
+#endif
+#pragma unroll
+      for (int i = 0; i < kChunks / 2; ++i) {
+        const int e = i * 32 + lane, row = e / kChunks, ch = e % kChunks;
+        const bool valid = key0 + row < k_end;
+#if KV_ADDRESSING == 0
+        // Contiguous: the row address is plain arithmetic, no shuffle needed.
+        long long k_off, v_off;
+        p.kv.locate(b, valid ? key0 + row : k_begin, k_off, v_off);
+        const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
+        const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
+#else
+        // Lanes row and row + 16 both hold key key0 + row (invalid keys hold key k_begin: in range).
+        const Elem* k_row = shfl_pointer(k_mine, row);
+        const Elem* v_row = shfl_pointer(v_mine, row);
+#endif
+        cp_async_16_kv(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
+        cp_async_16_kv(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
+      }
+#else
+      const int key = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys + load_key;
       const bool valid = key < k_end;
       long long k_off, v_off;
       p.kv.locate(b, valid ? key : k_begin, k_off, v_off);
@@ -154,9 +213,10 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       Elem* v_dst = k_dst + kTileElems;
 #pragma unroll
       for (int ch = load_chunk0; ch < kChunks; ch += 2) {
-        cp_async_16(smem_addr(k_dst + tile_offset(load_key, ch)), k_row + ch * 8, valid);
-        cp_async_16(smem_addr(v_dst + tile_offset(load_key, ch)), v_row + ch * 8, valid);
+        cp_async_16_kv(smem_addr(k_dst + tile_offset(load_key, ch)), k_row + ch * 8, valid);
+        cp_async_16_kv(smem_addr(v_dst + tile_offset(load_key, ch)), v_row + ch * 8, valid);
       }
+#endif
     }
     cp_async_commit();  // always commit: keeps the wait_group counting uniform
   };
@@ -186,9 +246,16 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   }
 
   for (int it = 0; it < n_tiles; ++it) {
+#if EARLY_ISSUE
+    __syncwarp();                 // every lane is done reading slot (it - 1) % STAGES (last iteration)
+    issue_tile(it + STAGES - 1);  // refill it now: STAGES tiles in flight during the wait below
+    cp_async_wait<STAGES - 1>();  // groups: ..., it, it + 1, ..., it + STAGES - 1 -> tile `it` landed
+    __syncwarp();                 // ... for every lane's copies
+#else
     cp_async_wait<STAGES - 2>();
     __syncwarp();  // every lane's copies of tile `it` landed; slot (it - 1) % STAGES is free again
     issue_tile(it + STAGES - 1);
+#endif
 
     const Elem* k_tile = warp_kv + (it % STAGES) * kStageElems;
     const Elem* v_tile = k_tile + kTileElems;
@@ -212,7 +279,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     }
 
     // Scale (+ softcap) into the log2 domain, mask, online softmax update.
-    const int key0 = k_begin + (warp + it * kWarps) * kTileKeys;
+    const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nb = 0; nb < 2; ++nb) {

@@ -1,6 +1,6 @@
 """Decode benchmark: bytes of K+V read per second, ours vs torch SDPA, plus end-to-end continuous batching.
 
-    python scripts/bench_decode.py [--quick]
+    python scripts/bench_decode.py [--quick] [--sweep]
 
 Kernel part: GQA 32/8, head dim 128, bf16, one query token per sequence, at batch x context
 64x4096, 16x32768, 128x2048. Contenders: our decode over a contiguous cache, our paged decode (page
@@ -13,12 +13,17 @@ End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped m
 hidden 2048, 32/8 heads) with ``paged|hfpatch`` vs ``paged|sdpa`` (skipped when the transformers
 version has no ``generate_batch`` or no ``paged|`` functions).
 
-``run(results, quick)`` appends one dict per measurement (the ``scripts/bench.py`` protocol).
+Sweep part (``--sweep``): every kernel variant of ``hf_flashpatch.kernels.decode.VARIANTS`` (selected
+through ``HF_FLASHPATCH_DECODE_VARIANT``), contiguous and paged 16 / 256, at the same three shapes:
+TB/s and the max abs difference of its output from the default variant's.
+
+``run(results, quick, sweep=False)`` appends one dict per measurement (the ``scripts/bench.py`` protocol).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -81,33 +86,43 @@ def _sdpa(backend, q, k, v):
     return call
 
 
+def _our_forms(batch: int, length: int, generator: torch.Generator):
+    """Random inputs of one shape and our three decode forms on them: returns q ``(B, 1, H, D)``,
+    k / v ``(B, L, H_kv, D)`` views of ``(B, H_kv, L, D)`` storage (as the transformers cache holds
+    them), the K+V byte count, and ``{"contiguous" | "paged 16" | "paged 256": call}``."""
+    from hf_flashpatch.kernels import decode
+
+    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
+    q = torch.randn(batch, 1, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    seqlens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+    kv_bytes = 2 * batch * length * KV_HEADS * HEAD_DIM * 2
+    forms = {"contiguous": lambda: decode.decode_forward(q, k, v, None, **common)}
+    for page_size in (16, 256):
+        k_pages, v_pages, table = _paged_copy(k.contiguous(), v.contiguous(), page_size, generator)
+        forms[f"paged {page_size}"] = (
+            lambda kp=k_pages, vp=v_pages, t=table: decode.paged_decode_forward(q, kp, vp, t, seqlens, **common)
+        )
+    return q, k, v, kv_bytes, forms
+
+
 def kernel_rows(results: list, quick: bool) -> None:
     from torch.nn.attention import SDPBackend
-
-    from hf_flashpatch.kernels import decode
 
     replays = 5 if quick else 20
     ceiling = hbm_read_ceiling_tbs(replays)
     results.append({"name": "hbm_read_ceiling", "series": "HBM read (sum)", "value": ceiling, "unit": "TB/s"})
     generator = torch.Generator().manual_seed(0)
-    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
     for batch, length in SHAPES:
-        q = torch.randn(batch, 1, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        # K/V as the transformers cache holds them, (B, H_kv, L, D), read as (B, L, H_kv, D) views
-        k = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        seqlens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
-        kv_bytes = 2 * batch * length * KV_HEADS * HEAD_DIM * 2
+        q, k, v, kv_bytes, forms = _our_forms(batch, length, generator)
         contenders = {
-            "ours contiguous": lambda: decode.decode_forward(q, k, v, None, **common),
+            "ours contiguous": forms["contiguous"],
             "sdpa flash": _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v),
             "sdpa cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
+            "ours paged 16": forms["paged 16"],
+            "ours paged 256": forms["paged 256"],
         }
-        for page_size in (16, 256):
-            k_pages, v_pages, table = _paged_copy(k.contiguous(), v.contiguous(), page_size, generator)
-            contenders[f"ours paged {page_size}"] = (
-                lambda kp=k_pages, vp=v_pages, t=table: decode.paged_decode_forward(q, kp, vp, t, seqlens, **common)
-            )
         reference = _sdpa(SDPBackend.MATH, q, k, v)().transpose(1, 2).float()  # (B, 1, H, D)
         row, error = {}, {}
         for name, fn in contenders.items():
@@ -126,7 +141,42 @@ def kernel_rows(results: list, quick: bool) -> None:
                 "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / row["sdpa cudnn"], "vs_hbm_ceiling": tbs / ceiling,
                 "max_abs_err_vs_sdpa_math": error[name],
             })  # fmt: skip
-        del q, k, v, contenders
+        del q, k, v, contenders, forms
+
+
+def sweep_rows(results: list, quick: bool) -> None:
+    """TB/s of every decode variant (contiguous, paged 16, paged 256) and its max abs difference from
+    the default variant's output on the same inputs."""
+    from hf_flashpatch.kernels import decode
+
+    replays = 5 if quick else 20
+    generator = torch.Generator().manual_seed(0)
+    previous = os.environ.get(decode.VARIANT_ENV)
+    try:
+        for batch, length in SHAPES:
+            q, k, v, kv_bytes, forms = _our_forms(batch, length, generator)
+            os.environ[decode.VARIANT_ENV] = "default"
+            reference = {form: fn()[0].float() for form, fn in forms.items()}  # (B, 1, H, D)
+            for variant in decode.VARIANTS:
+                os.environ[decode.VARIANT_ENV] = variant  # read at launch, so also at graph capture
+                for form, fn in forms.items():
+                    try:
+                        err = (fn()[0].float() - reference[form]).abs().max().item()
+                        tbs = kv_bytes / (_graph_time_us(fn, replays) * 1e-6) / 1e12
+                    except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
+                        print(f"variant {variant} {form} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
+                        err = tbs = float("nan")
+                    results.append({
+                        "name": f"variant {variant} {form}", "series": f"{variant} {form}",
+                        "panel": "decode variants TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
+                        "value": tbs, "unit": "TB/s", "max_abs_diff_vs_default": err,
+                    })  # fmt: skip
+            del q, k, v, forms, reference
+    finally:
+        if previous is None:
+            os.environ.pop(decode.VARIANT_ENV, None)
+        else:
+            os.environ[decode.VARIANT_ENV] = previous
 
 
 def _random_llama():
@@ -174,8 +224,10 @@ def generate_rows(results: list, quick: bool) -> None:
         })  # fmt: skip
 
 
-def run(results: list, quick: bool = False) -> None:
+def run(results: list, quick: bool = False, sweep: bool = False) -> None:
     kernel_rows(results, quick)
+    if sweep:
+        sweep_rows(results, quick)
     try:
         generate_rows(results, quick)
     except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
@@ -185,14 +237,16 @@ def run(results: list, quick: bool = False) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time every decode kernel variant")
     args = parser.parse_args()
     results: list[dict] = []
-    run(results, quick=args.quick)
+    run(results, quick=args.quick, sweep=args.sweep)
     print(f"{'name':<34} {'shape':<12} {'value':>9}  unit   vs cuDNN  vs HBM  max err")
     for r in results:
         ratio = f"{r['vs_cudnn']:.2f}" if "vs_cudnn" in r else ""
         ceil = f"{r['vs_hbm_ceiling']:.2f}" if "vs_hbm_ceiling" in r else ""
-        err = f"{r['max_abs_err_vs_sdpa_math']:.1e}" if "max_abs_err_vs_sdpa_math" in r else ""
+        err_key = next((key for key in ("max_abs_err_vs_sdpa_math", "max_abs_diff_vs_default") if key in r), None)
+        err = f"{r[err_key]:.1e}" if err_key else ""
         print(f"{r['name']:<34} {r.get('x', ''):<12} {r['value']:9.3f}  {r['unit']:<6} {ratio:>7}  {ceil:>6}  {err}")
 
 

@@ -15,12 +15,18 @@ Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims oth
 32/64/96/128/256 (64 and 128 are the tuned ones), more than 64 query rows per KV head
 (``S_q * group``: the forward kernel is the better tool), a last dim that is not contiguous or rows
 that are not 16-byte aligned (the caches are never copied).
+
+Kernel variants: ``HF_FLASHPATCH_DECODE_VARIANT=<name>`` (read at every launch) picks one of
+:data:`VARIANTS` (``default``: the original kernel, compiled bit-for-bit as before). The others change
+only how K/V tiles are fetched (``cuda/decode_kv_load.cuh``, ``cuda/decode.cu``); all compute the same
+attention (up to the summation order of the online softmax).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +57,11 @@ class DecodeConfig:
     addressing: str  # "contiguous" | "block_table" | "slot"
     softcap: bool
     stages: int = 3  # cp.async pipeline depth per warp
+    # Bandwidth variants (cuda/decode.cu header); all False is the original kernel.
+    l2_prefetch: bool = False  # cp.async .L2::256B: whole 256-byte rows per DRAM request
+    coalesced_loads: bool = False  # each copy instruction covers whole rows (512 consecutive bytes)
+    stagger_tiles: bool = False  # CTA-dependent rotation of each warp's tile order
+    early_issue: bool = False  # refill the freed slot before waiting: STAGES tiles in flight
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
         defines = (
@@ -60,6 +71,14 @@ class DecodeConfig:
             ("SOFTCAP", str(int(self.softcap))),
             ("STAGES", str(self.stages)),
         )
+        # Only switched-on variant macros are passed: the default build keeps its original defines.
+        switches = (
+            ("L2_PREFETCH", self.l2_prefetch),
+            ("COALESCED_LOADS", self.coalesced_loads),
+            ("STAGGER_TILES", self.stagger_tiles),
+            ("EARLY_ISSUE", self.early_issue),
+        )
+        defines += tuple((name, "1") for name, on in switches if on)
         return KernelBuild("decode.cu", defines, arch)
 
     @property
@@ -70,11 +89,36 @@ class DecodeConfig:
 
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
 
+VARIANT_ENV = "HF_FLASHPATCH_DECODE_VARIANT"
+# name -> DecodeConfig fields it sets. "default" is the GPU-verified original; the others are
+# candidates to be measured (scripts/bench_decode.py --sweep) before becoming the default.
+VARIANTS: dict[str, dict[str, bool]] = {
+    "default": {},
+    "prefetch": {"l2_prefetch": True},
+    "coalesced": {"coalesced_loads": True},
+    "stagger": {"stagger_tiles": True},
+    "early": {"early_issue": True},
+    "fast": {"l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True},
+}
+
+
+def selected_variant() -> str:
+    """The variant named by ``$HF_FLASHPATCH_DECODE_VARIANT`` (unset or empty: ``default``)."""
+    name = os.environ.get(VARIANT_ENV) or "default"
+    if name not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {name!r}")
+    return name
+
+
+def variant_config(head_dim: int, bf16: bool, addressing: str, softcap: bool, variant: str) -> DecodeConfig:
+    return DecodeConfig(head_dim, bf16, addressing, softcap, **VARIANTS[variant])
+
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every decode variant the launchers can request (for the CI compile check), plus kv_append."""
     builds = [
-        DecodeConfig(d, bf16, addressing, softcap).build(arch)
+        variant_config(d, bf16, addressing, softcap, variant).build(arch)
+        for variant in VARIANTS
         for d in SUPPORTED_HEAD_DIMS
         for bf16 in (True, False)
         for addressing in ADDRESSING
@@ -167,7 +211,7 @@ def _launch(
     softmax_scale, softcap, window_left, window_right,
 ):  # fmt: skip
     """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
-    config = DecodeConfig(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap))
+    config = variant_config(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap), selected_variant())
     build = config.build(device_arch(q.device))
     split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, q.device)
     group = heads // kv_heads
