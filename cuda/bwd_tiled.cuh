@@ -7,7 +7,7 @@
 // Why a second body: the default gives every warp 16 keys and the whole query tile, so each warp re-reads
 // all of Q/dO from shared memory (0.60 ldmatrix per MMA). Here every one of the five GEMMs is tiled 2-D over
 // the 8 warps and P^T / dS^T go through shared memory once per step, which brings that to ~0.45:
-//   S^T  = K Q^T   (128 x M)  4 x 2 warps, 32 keys x M/2 queries each
+//   S^T  = K Q^T   (128 x M)  4 x 2 warps, 32 keys x M/2 queries each (in 32-query chunks)
 //   dP^T = V dO^T  (128 x M)  same tiling; P^T, dS^T = P^T (dP^T - D) computed in one pass and stored
 //   dV  += P^T dO  (128 x D)  4 x 2 warps, 32 keys x D/2 columns each (accumulated over the whole block)
 //   dK  += dS^T Q  (128 x D)  same tiling
@@ -36,7 +36,11 @@ constexpr int kTPadM = kTBlockM + 8;  // P^T / dS^T shared row stride: +16 B, co
 constexpr int kSKeyWarps = 4, kSQWarps = 2;     // S^T, dP^T (keys x queries)
 constexpr int kKvKeyWarps = 4, kKvColWarps = 2; // dK, dV (keys x head dim)
 constexpr int kQQWarps = 2, kQColWarps = 4;     // dQ (queries x head dim)
-constexpr int kSMt = kTBlockN / kSKeyWarps / 16, kSNt = kTBlockM / kSQWarps / 8;
+// S^T / dP^T: a warp's kTBlockM / 2 queries are done kSChunk at a time (32: the two 32 x 32 fp32 tiles
+// next to dK/dV's 128 registers at d128; a 128-query step then costs no more registers than a 64-query one)
+constexpr int kSChunk = 32;
+constexpr int kSChunks = kTBlockM / kSQWarps / kSChunk;
+constexpr int kSMt = kTBlockN / kSKeyWarps / 16, kSNt = kSChunk / 8;
 constexpr int kKvMt = kTBlockN / kKvKeyWarps / 16, kKvNt = kD / kKvColWarps / 8;
 constexpr int kQMt = kTBlockM / kQQWarps / 16, kQNt = kD / kQColWarps / 8;
 static_assert(kSKeyWarps * kSQWarps == kWarps && kKvKeyWarps * kKvColWarps == kWarps &&
@@ -44,6 +48,7 @@ static_assert(kSKeyWarps * kSQWarps == kWarps && kKvKeyWarps * kKvColWarps == kW
 static_assert(kSNt % 2 == 0 && kKvNt % 2 == 0 && kQNt % 2 == 0 && kSMt >= 1 && kQMt >= 1,
               "tiled body: warp tiles must be whole 16 x 16 ldmatrix tiles");
 static_assert(2 * kTBlockM <= kThreads, "tiled body: lse/D tile load");
+static_assert(kSChunks * kSChunk * kSQWarps == kTBlockM, "tiled body: query chunks must tile the step");
 
 // acc (MT*16 x NT*8) += A (MT*16 x K16*16) * B (K16*16 x NT*8), both operands in shared memory.
 // kAKMajor: A stored [k][m] (a -> element (k0, m0), ldmatrix.trans), else [m][k] (a -> (m0, k0)).
@@ -143,7 +148,7 @@ __device__ __forceinline__ void dkdv_tiled_body(
 
   // this warp's tiles: S^T / dP^T (keys s_key0.., queries s_q0..), dK/dV (keys kv_key0.., columns kv_c0..),
   // dQ (queries dq_q0.., columns dq_c0..)
-  const int s_key0 = (warp / kSQWarps) * (kSMt * 16), s_q0 = (warp % kSQWarps) * (kSNt * 8);
+  const int s_key0 = (warp / kSQWarps) * (kSMt * 16), s_qw0 = (warp % kSQWarps) * (kSChunks * kSChunk);
   const int kv_key0 = (warp / kKvColWarps) * (kKvMt * 16), kv_c0 = (warp % kKvColWarps) * (kKvNt * 8);
   const int dq_q0 = (warp / kQColWarps) * (kQMt * 16), dq_c0 = (warp % kQColWarps) * (kQNt * 8);
   float dv_acc[kKvMt][kKvNt][4], dk_acc[kKvMt][kKvNt][4];
@@ -167,14 +172,16 @@ __device__ __forceinline__ void dkdv_tiled_body(
     const float* lses = lse_s + stage * kTBlockM;
     const float* dvs = dvec_s + stage * kTBlockM;
 
-    {
-      // S^T = K Q^T and dP^T = V dO^T for this warp's (keys x queries) tile
+    const bool full = vis.tile_all_visible(m0, m0 + kTBlockM, n0, n0 + kTBlockN);
+#pragma unroll 1
+    for (int chunk = 0; chunk < kSChunks; ++chunk) {
+      // S^T = K Q^T and dP^T = V dO^T for this warp's (keys x queries) tile, kSChunk queries at a time
+      const int s_q0 = s_qw0 + chunk * kSChunk;
       float s[kSMt][kSNt][4], dp[kSMt][kSNt][4];
       zero_tile(s);
       warp_gemm<kSMt, kSNt, kD / 16, false, true>(s, k_s + s_key0 * kPadD, kPadD, qs + s_q0 * kPadD, kPadD, lane);
       zero_tile(dp);
       warp_gemm<kSMt, kSNt, kD / 16, false, true>(dp, v_s + s_key0 * kPadD, kPadD, dos + s_q0 * kPadD, kPadD, lane);
-      const bool full = vis.tile_all_visible(m0, m0 + kTBlockM, n0, n0 + kTBlockN);
 #pragma unroll
       for (int mt = 0; mt < kSMt; ++mt) {
 #pragma unroll

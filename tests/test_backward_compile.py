@@ -2,9 +2,10 @@
 nvcc), tile configs fit, the torch fallback matches the oracle, and the autograd gets registered.
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
-bf16/fp16 x softcap, and each ``VARIANTS`` entry's d64/d128 builds); each holds the preprocess, dK/dV (atomic-dQ and deterministic), dQ and convert
-kernels. ptxas' report must show every entry point with 0 bytes of spill stores and loads, and the
-SASS must hold m16n8k16 HMMA and no local-memory traffic (when cuobjdump is at hand).
+bf16/fp16 x softcap, and each ``VARIANTS`` entry's d64/d128 builds); each holds the preprocess, dK/dV
+(atomic-dQ and deterministic), dQ and convert kernels. ptxas' report must show every entry point with 0
+bytes of spill stores and loads, and the SASS must hold m16n8k16 HMMA and no local-memory traffic (when
+cuobjdump is at hand).
 """
 
 import os
@@ -41,9 +42,9 @@ def _ptxas_spills(report: str) -> dict[str, tuple[int, int]]:
 def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
     # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
-    # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there)
-    assert len(builds) == len(set(builds)) == 34
-    assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 14
+    # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there; tiled_m128: 4, d64)
+    assert len(builds) == len(set(builds)) == 38
+    assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 18
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
@@ -153,3 +154,39 @@ def test_autograd_registered_whichever_module_is_imported_first():
     )
     root = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+def test_variant_selection_by_environment(monkeypatch):
+    """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset keeps the default
+    build's macros (and so its cache key) exactly; an unknown name is refused naming it."""
+    import torch
+
+    from hf_flashpatch.kernels.backward import VARIANT_ENV, BackwardConfig
+
+    monkeypatch.delenv(VARIANT_ENV, raising=False)
+    default = BackwardConfig.choose(128, torch.bfloat16, False)
+    assert default.body == "default" and not any(name == "BWD_TILED" for name, _ in default.build().defines)
+    monkeypatch.setenv(VARIANT_ENV, "tiled")
+    tiled = BackwardConfig.choose(128, torch.bfloat16, False)
+    assert tiled.body == "tiled" and ("BWD_TILED", "1") in tiled.build().defines and tiled.block_n == 128
+    assert BackwardConfig.choose(256, torch.bfloat16, False) == BackwardConfig.choose(256, torch.bfloat16, False,
+                                                                                      variant="default")  # fmt: skip
+    assert BackwardConfig.choose(128, torch.bfloat16, True).tiled_unroll == 1  # unroll 2 spills there
+    monkeypatch.setenv(VARIANT_ENV, "tiled_m128")
+    assert BackwardConfig.choose(64, torch.float16, False).tiled_block_m == 128
+    assert BackwardConfig.choose(128, torch.float16, False).body == "default"
+    monkeypatch.setenv(VARIANT_ENV, "no_such_body")
+    with pytest.raises(ValueError, match="no_such_body"):
+        BackwardConfig.choose(64, torch.bfloat16, False)
+
+
+@pytest.mark.parametrize("variant", ["tiled", "tiled_u1", "tiled_m128"])
+def test_tiled_variants_fit_shared_memory(variant):
+    import torch
+
+    from hf_flashpatch.kernels.backward import VARIANTS, BackwardConfig
+
+    for head_dim, softcap in VARIANTS[variant][0]:
+        cfg = BackwardConfig.choose(head_dim, torch.bfloat16, softcap, variant=variant)
+        assert cfg.body == "tiled" and cfg.dkdv_smem_bytes() <= SMEM_OPT_IN_LIMIT
+        assert 2 * cfg.tiled_block_m <= cfg.threads and cfg.tiled_block_m % 64 == 0

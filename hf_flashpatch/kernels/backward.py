@@ -17,6 +17,13 @@ Launch sequence (one stream):
    ``dO V^T`` (7 GEMMs instead of 5; measured 1.10-1.29x the atomic path's time on an H200, which is
    why the atomic path is the default; see ``notes/backward.md``).
 
+Variants: ``$HF_FLASHPATCH_BWD_VARIANT`` (read by :meth:`BackwardConfig.choose` on every call) names a
+body from :data:`VARIANTS`: ``default`` (the GPU-verified per-warp 16-key body, used when unset),
+``tiled`` / ``tiled_u1`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of all five GEMMs, d64/d128),
+``tiled_m128`` (the same with 128-query steps, d64). A variant that does not serve a head dim / softcap
+falls back to the default body; ``deterministic=True`` always takes the default body's two-kernel path.
+An unknown name raises ``ValueError``.
+
 Fallback: calls the kernels cannot serve (CPU, fp32, head dims other than 32/64/96/128/256, no
 pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) raise :class:`KernelUnsupported` from
 :func:`attention_backward`; the custom op and the autograd take :func:`torch_backward` instead
@@ -71,7 +78,7 @@ class BackwardConfig:
     # GEMMs tiled 2-D over the 8 warps, P^T/dS^T through shared memory; d64/d128, non-deterministic only)
     body: str = "default"
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
-    tiled_block_m: int = 64  # query rows per step of the tiled body (128 spills at d64 and d128)
+    tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
 
     @property
     def block_n(self) -> int:
@@ -154,11 +161,14 @@ _TILED_DIMS = frozenset({(64, False), (64, True), (128, False), (128, True)})
 # name -> ((head_dim, softcap) pairs it serves, BackwardConfig overrides). "default" is the GPU-verified
 # body; the tiled ones are cuda/bwd_tiled.cuh (FA2's 2-D warp tiling, ~0.45 shared loads per MMA instead
 # of 0.60). tiled_u1 differs in the k-loop unroll only (fewer live fragments); d128 softcap takes
-# unroll 1 in both (unroll 2 spills 8 B there). A 128-query step spills at both head dims: not offered.
+# unroll 1 in both (unroll 2 spills 8 B there).
 VARIANTS: dict[str, tuple[frozenset, dict]] = {
     "default": (frozenset(), {}),
     "tiled": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 2}),
     "tiled_u1": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 1}),
+    # FA2's d64 tile: 128-query steps (half the barriers per MMA; dQ warp tiles 64 x 16); 182 KB of shared
+    # memory at d64, too much at d128 (and 128 live accumulator registers per warp there)
+    "tiled_m128": (frozenset({(64, False), (64, True)}), {"body": "tiled", "tiled_unroll": 2, "tiled_block_m": 128}),
 }
 
 
