@@ -169,6 +169,7 @@ def sweep_configs(results: list, seqlen: int = 4096) -> None:
         default = backward.BackwardConfig.choose(head_dim, q.dtype, False, variant="default")
         named = [(f"variant={name}", backward.BackwardConfig.choose(head_dim, q.dtype, False, variant=name))
                  for name in backward.VARIANTS]  # fmt: skip
+        named = [(label, cfg) for label, cfg in named if label == "variant=default" or cfg.body != "default"]
         overrides_list = SWEEP_CANDIDATES[head_dim][1:] if seqlen_now == seqlen else []
         candidates = named + [(repr(o), dataclasses.replace(default, **o)) for o in overrides_list]
         for causal in (False, True):
