@@ -25,6 +25,9 @@
 //                  cache regions at the same time (DRAM channel / L2 slice camping);
 //   EARLY_ISSUE    a warp refills the slot it has just finished before waiting for its next tile, so
 //                  STAGES tiles (not STAGES - 1) are in flight while it waits.
+//   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D <= 128: 4 * D / 16 registers)
+//                  instead of re-read from shared memory for every tile (a third of the per-tile
+//                  ldmatrix traffic, which shares the L1/shared-memory pipe with the K/V copies).
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
 #include "decode_kv_load.cuh"
@@ -47,6 +50,9 @@
 #ifndef EARLY_ISSUE
 #define EARLY_ISSUE 0
 #endif
+#ifndef Q_IN_REGS
+#define Q_IN_REGS 0
+#endif
 
 namespace hfp {
 
@@ -60,6 +66,8 @@ constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
 constexpr bool kSwizzle = (kChunks % 8) == 0;
 constexpr int kTileElems = kTileKeys * kHeadDim;  // one K (or V) tile in shared memory
 constexpr int kStageElems = 2 * kTileElems;       // K tile then V tile
+// Q fragments in registers only where they fit next to the O accumulator without spilling.
+constexpr bool kQInRegs = Q_IN_REGS != 0 && kHeadDim <= 128;
 
 using Traits = ElemTraits<ELEM_BF16 != 0>;
 using Elem = Traits::T;
@@ -154,6 +162,9 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   // Lane -> (key within tile, first chunk): lanes l and l+16 load the two 16-byte halves of each
   // 32-byte sector of one key row, so every sector is fetched whole.
   const int load_key = lane % 16, load_chunk0 = lane / 16;
+#if COALESCED_LOADS
+  (void)load_chunk0;  // the coalesced copy pattern maps lanes to chunks differently
+#endif
 #if STAGGER_TILES
   // Iteration `it` of this warp processes its tile (it + rotation) % n_tiles; the rotation is a
   // multiplicative hash of the CTA index scaled to [0, n_tiles), the same fraction for all 4 warps
@@ -228,6 +239,16 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 
   // mma fragment coordinates: lane = 4 * g + t; this thread holds rows g and g + 8.
   const int g = lane / 4, t = lane % 4;
+  // Q A-fragment of k-step kk: matrices (rows 0-7, c), (rows 8-15, c), (rows 0-7, c+1), (rows 8-15, c+1).
+  auto load_q_fragment = [&](uint32_t (&a)[4], int kk) {
+    const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = kk * 2 + (mi >> 1);
+    ldmatrix_x4(a, smem_addr(smem_q + tile_offset(r, ch)));
+  };
+  uint32_t q_frag[kQInRegs ? kHeadDim / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) load_q_fragment(q_frag[kk], kk);
+  }
   float o_acc[kHeadDim / 8][4];
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
@@ -265,9 +286,11 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t a[4], kb[4];
-      {  // Q A-fragment: matrices (rows 0-7, c), (rows 8-15, c), (rows 0-7, c+1), (rows 8-15, c+1)
-        const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = kk * 2 + (mi >> 1);
-        ldmatrix_x4(a, smem_addr(smem_q + tile_offset(r, ch)));
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = q_frag[kQInRegs ? kk : 0][i];
+      } else {
+        load_q_fragment(a, kk);
       }
       {  // K B-fragments: (keys 0-7, c), (keys 0-7, c+1), (keys 8-15, c), (keys 8-15, c+1)
         const int mi = lane / 8, r = (mi >> 1) * 8 + lane % 8, ch = kk * 2 + (mi & 1);

@@ -62,6 +62,7 @@ class DecodeConfig:
     coalesced_loads: bool = False  # each copy instruction covers whole rows (512 consecutive bytes)
     stagger_tiles: bool = False  # CTA-dependent rotation of each warp's tile order
     early_issue: bool = False  # refill the freed slot before waiting: STAGES tiles in flight
+    q_in_regs: bool = False  # Q mma fragments held in registers (D <= 128), not re-read per tile
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
         defines = (
@@ -77,6 +78,7 @@ class DecodeConfig:
             ("COALESCED_LOADS", self.coalesced_loads),
             ("STAGGER_TILES", self.stagger_tiles),
             ("EARLY_ISSUE", self.early_issue),
+            ("Q_IN_REGS", self.q_in_regs),
         )
         defines += tuple((name, "1") for name, on in switches if on)
         return KernelBuild("decode.cu", defines, arch)
@@ -98,7 +100,11 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "coalesced": {"coalesced_loads": True},
     "stagger": {"stagger_tiles": True},
     "early": {"early_issue": True},
-    "fast": {"l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True},
+    "qregs": {"q_in_regs": True},
+    "fast_unstaggered": {"l2_prefetch": True, "coalesced_loads": True, "early_issue": True, "q_in_regs": True},
+    "fast": {
+        "l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True, "q_in_regs": True
+    },
 }
 
 
