@@ -101,7 +101,7 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "stagger": {"stagger_tiles": True},
     "early": {"early_issue": True},
     "qregs": {"q_in_regs": True},
-    "fast_unstaggered": {"l2_prefetch": True, "coalesced_loads": True, "early_issue": True, "q_in_regs": True},
+    "fast_nostagger": {"l2_prefetch": True, "coalesced_loads": True, "early_issue": True, "q_in_regs": True},
     "fast": {
         "l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True, "q_in_regs": True
     },
