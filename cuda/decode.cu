@@ -25,7 +25,7 @@
 //                  cache regions at the same time (DRAM channel / L2 slice camping);
 //   EARLY_ISSUE    a warp refills the slot it has just finished before waiting for its next tile, so
 //                  STAGES tiles (not STAGES - 1) are in flight while it waits.
-//   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D <= 128: 4 * D / 16 registers)
+//   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D = 32, 96, 128: D / 4 registers)
 //                  instead of re-read from shared memory for every tile (a third of the per-tile
 //                  ldmatrix traffic, which shares the L1/shared-memory pipe with the K/V copies).
 #include "primitives.cuh"
@@ -66,8 +66,10 @@ constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
 constexpr bool kSwizzle = (kChunks % 8) == 0;
 constexpr int kTileElems = kTileKeys * kHeadDim;  // one K (or V) tile in shared memory
 constexpr int kStageElems = 2 * kTileElems;       // K tile then V tile
-// Q fragments in registers only where they fit next to the O accumulator without spilling.
-constexpr bool kQInRegs = Q_IN_REGS != 0 && kHeadDim <= 128;
+// Q fragments in registers only where the extra registers cost no residency: D = 64 runs 4 CTAs/SM
+// (shared-memory bound), which leaves exactly 128 registers per thread, and Q would push it to ~155
+// (3 CTAs/SM); D = 256 is at the 255-register limit already.
+constexpr bool kQInRegs = Q_IN_REGS != 0 && kHeadDim <= 128 && kHeadDim != 64;
 
 using Traits = ElemTraits<ELEM_BF16 != 0>;
 using Elem = Traits::T;
