@@ -442,6 +442,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                     _save_checkpoint(accelerator, output, state)
                 if interrupted or state.step >= max_steps:
                     break
+                if micro == (steps_per_epoch - offset) * args.grad_accum:
+                    break  # leftover batches that cannot fill a whole step are dropped, every epoch alike
     progress.close()
     state.elapsed_s += time.perf_counter() - run_start
     run_seconds = max(state.elapsed_s, 1e-9)

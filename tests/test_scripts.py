@@ -100,14 +100,14 @@ def test_token_budget_sets_the_steps(tiny_checkpoint, text_cache, tmp_path):
 def test_resume_after_interrupt_loses_nothing(tiny_checkpoint, text_cache, tmp_path):
     """Interrupted by SIGINT at step 7, resumed: same losses and bit-identical final weights as one run.
 
-    One short document gives 2 steps per epoch (4 batches of 2 rows, gradient accumulation 2), so the
-    run crosses 6 epoch boundaries (reshuffles) and resumes mid-epoch: the data position and the
-    RNG/optimizer/scheduler states all matter.
+    One short document gives 9 rows: 9 batches of 1 row, gradient accumulation 2, so 4 steps per epoch
+    and one leftover batch dropped each epoch. The run crosses 3 epoch boundaries (reshuffles) and
+    resumes mid-epoch: the data position and the RNG/optimizer/scheduler states all matter.
     """
     from safetensors.torch import load_file
 
     settings = dict(model=str(tiny_checkpoint), source="pydoc", text_cache=text_cache, max_train_docs=1,
-                    seq_len=64, batch_size=2, grad_accum=2, lr=3e-3, max_steps=14, eval_sequences=2)
+                    seq_len=64, batch_size=1, grad_accum=2, lr=3e-3, max_steps=14, eval_sequences=2)
     whole = train(TrainArgs(output_dir=str(tmp_path / "whole"), **settings))
 
     def interrupt_at_7(step, loss):
