@@ -108,9 +108,13 @@ VARIANTS: dict[str, dict[str, bool]] = {
 }
 
 
+# The variant used when the environment names none (the GPU-verified original until measured otherwise).
+DEFAULT_VARIANT = "default"
+
+
 def selected_variant() -> str:
-    """The variant named by ``$HF_FLASHPATCH_DECODE_VARIANT`` (unset or empty: ``default``)."""
-    name = os.environ.get(VARIANT_ENV) or "default"
+    """The variant named by ``$HF_FLASHPATCH_DECODE_VARIANT`` (unset or empty: ``DEFAULT_VARIANT``)."""
+    name = os.environ.get(VARIANT_ENV) or DEFAULT_VARIANT
     if name not in VARIANTS:
         raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {name!r}")
     return name
