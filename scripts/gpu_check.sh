@@ -16,10 +16,15 @@ TESTS=${GPU_TESTS:-tests/gpu}
 BENCH_ARGS=${BENCH_ARGS:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,utilization.gpu --format=csv
 t0=$(date +%s)
-python3 -m hf_flashpatch.cli doctor --compile 2>&1 | tee "$OUT/doctor.log" | tail -n 25
+if [ "${SKIP_COMPILE:-0}" != 1 ]; then  # the tests and benchmarks compile what they use anyway
+  python3 -m hf_flashpatch.cli doctor --compile 2>&1 | tee "$OUT/doctor.log" | tail -n 25
+fi
 echo "compile stage: $(( $(date +%s) - t0 )) s"
 python3 -m pytest -m gpu $TESTS -q -rs --durations=8 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40
 echo "tests stage done at +$(( $(date +%s) - t0 )) s"
+if [ -n "${EXTRA_CMD:-}" ]; then
+  bash -c "$EXTRA_CMD" 2>&1 | tee "$OUT/extra.log" | tail -n 30
+fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 scripts/bench.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -n 80
 fi
