@@ -157,15 +157,21 @@ def test_autograd_registered_whichever_module_is_imported_first():
 
 
 def test_variant_selection_by_environment(monkeypatch):
-    """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset keeps the default
-    build's macros (and so its cache key) exactly; an unknown name is refused naming it."""
+    """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset takes the measured
+    best per head dim (tiled at d128, tiled_m128 at d64, the default body elsewhere, whose macros and so
+    cache keys are unchanged); an unknown name is refused naming it."""
     import torch
 
     from hf_flashpatch.kernels.backward import VARIANT_ENV, BackwardConfig
 
     monkeypatch.delenv(VARIANT_ENV, raising=False)
-    default = BackwardConfig.choose(128, torch.bfloat16, False)
+    assert BackwardConfig.choose(128, torch.bfloat16, False) == BackwardConfig.choose(128, torch.bfloat16, False,
+                                                                                      variant="tiled")  # fmt: skip
+    assert BackwardConfig.choose(64, torch.bfloat16, False).tiled_block_m == 128
+    default = BackwardConfig.choose(96, torch.bfloat16, False)
     assert default.body == "default" and not any(name == "BWD_TILED" for name, _ in default.build().defines)
+    explicit = BackwardConfig.choose(128, torch.bfloat16, False, variant="default")
+    assert explicit.body == "default" and not any(name == "BWD_TILED" for name, _ in explicit.build().defines)
     monkeypatch.setenv(VARIANT_ENV, "tiled")
     tiled = BackwardConfig.choose(128, torch.bfloat16, False)
     assert tiled.body == "tiled" and ("BWD_TILED", "1") in tiled.build().defines and tiled.block_n == 128

@@ -18,7 +18,8 @@ Launch sequence (one stream):
    why the atomic path is the default; see ``notes/backward.md``).
 
 Variants: ``$HF_FLASHPATCH_BWD_VARIANT`` (read by :meth:`BackwardConfig.choose` on every call) names a
-body from :data:`VARIANTS`: ``default`` (the GPU-verified per-warp 16-key body, used when unset),
+body from :data:`VARIANTS`: ``default`` (the per-warp 16-key body; used when unset for head dims
+other than 64/128, which take :data:`MEASURED_DEFAULT`, the fastest in the H200 sweep),
 ``tiled`` / ``tiled_u1`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of all five GEMMs, d64/d128),
 ``tiled_m128`` (the same with 128-query steps, d64). A variant that does not serve a head dim / softcap
 falls back to the default body; ``deterministic=True`` always takes the default body's two-kernel path.
@@ -98,10 +99,11 @@ class BackwardConfig:
         """The tile choice, one branch per reason (registers are the limit: dK and dV accumulate in
         registers for the whole block, 2 * 16 * head_dim / 32 fp32 per thread per warp).
 
-        ``variant`` (else ``$HF_FLASHPATCH_BWD_VARIANT``, else ``"default"``) names an entry of
+        ``variant`` (else ``$HF_FLASHPATCH_BWD_VARIANT``, else :data:`MEASURED_DEFAULT` for the head dim,
+        else ``"default"``) names an entry of
         :data:`VARIANTS`; where that variant does not serve the head dim / softcap, the default config is
         returned (so a variant can be switched on globally)."""
-        variant = variant or os.environ.get(VARIANT_ENV) or "default"
+        variant = variant or os.environ.get(VARIANT_ENV) or MEASURED_DEFAULT.get(head_dim, "default")
         if variant not in VARIANTS:
             raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {variant!r}")
         base = BackwardConfig._choose_default(head_dim, dtype, softcap, arch)
@@ -170,6 +172,13 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     # memory at d64, too much at d128 (and 128 live accumulator registers per warp there)
     "tiled_m128": (frozenset({(64, False), (64, True)}), {"body": "tiled", "tiled_unroll": 2, "tiled_block_m": 128}),
 }
+
+
+# The body used when the environment names none, per head dim: the fastest variant of the H200 sweep
+# (results/2026-11-29_9cf0ea0_backward-decode-variants, every variant passed the GPU test grid there):
+# d128 tiled 227 vs 217 TFLOP/s at 4k (+4%), 237 vs 224 at 16k (+5%); d64 tiled_m128 196 vs 190 at 4k
+# (+3%), 204 vs 196 at 16k (+4%). Other head dims keep the per-warp 16-key body.
+MEASURED_DEFAULT: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
 
 
 def _variant_fixups(cfg: BackwardConfig) -> BackwardConfig:
