@@ -145,7 +145,9 @@ def tokenize_documents(dataset, tokenizer, *, text_column: str = "text"):
         ids = tokenizer(batch[text_column], add_special_tokens=False)["input_ids"]
         return {"input_ids": [doc + [eos] for doc in ids]}
 
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing")
+    # In memory: no cache files that concurrent runs (or processes of one run) could race on.
+    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenizing",
+                       keep_in_memory=True)
 
 
 def pack_fixed_length(tokenized, seq_len: int, *, max_sequences: int | None = None):
