@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from ptxas_report import spills_by_entry
 
 from hf_flashpatch.kernels.backward import all_builds
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
@@ -23,19 +24,6 @@ from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 ENTRIES = {"bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_dkdv", "bwd_dq", "bwd_convert_dq"}
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
-
-
-def _ptxas_spills(report: str) -> dict[str, tuple[int, int]]:
-    """{entry: (spill store bytes, spill load bytes)} from an ``-Xptxas -v`` report."""
-    spills, entry = {}, None
-    for line in report.splitlines():
-        found = re.search(r"Compiling entry function '(\w+)'", line)
-        if found:
-            entry = found.group(1)
-        found = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if found and entry is not None:
-            spills[entry] = (int(found.group(1)), int(found.group(2)))
-    return spills
 
 
 @needs_nvcc
@@ -49,7 +37,7 @@ def test_all_backward_builds_compile_without_spills():
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
         assert cubin, f"empty cubin for {build}"
-        spills = _ptxas_spills(report)
+        spills = spills_by_entry(report)
         assert set(spills) == ENTRIES, f"{build}: entries {sorted(spills)}"
         spilled = {name: s for name, s in spills.items() if s != (0, 0)}
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
