@@ -68,6 +68,16 @@ struct OnlineSoftmax {
   template <int NT, int OT>
   __device__ __forceinline__ void update(float (&scores)[MT][NT][4], float (&acc_o)[MT][OT][4], float scale_log2) {
     float correction[MT][2];
+    const bool max_moved = exponentiate(scores, correction, scale_log2);
+    rescale(acc_o, correction, max_moved);
+  }
+
+  // The first half of update(): new maxima, probabilities and sums; returns whether any of this
+  // thread's maxima moved and the per-row factors the output accumulator still has to be scaled by.
+  // Split out so a kernel can exponentiate while an asynchronous O += P V still owns acc_o.
+  template <int NT>
+  __device__ __forceinline__ bool exponentiate(float (&scores)[MT][NT][4], float (&correction)[MT][2],
+                                               float scale_log2) {
     bool max_moved = false;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -98,8 +108,14 @@ struct OnlineSoftmax {
         row_sum[mt][h] = fmaf(row_sum[mt][h], correction[mt][h], sum);
       }
     }
-    // Once the running maxima settle (most tiles after the first few), every correction is exactly
-    // exp2(0) = 1: skip the O-accumulator rescale when no row of the warp moved.
+    return max_moved;
+  }
+
+  // The second half: scale the output rows by `correction`. Once the running maxima settle (most
+  // tiles after the first few), every correction is exactly exp2(0) = 1: skip the rescale when no
+  // row of the warp moved.
+  template <int OT>
+  __device__ __forceinline__ void rescale(float (&acc_o)[MT][OT][4], const float (&correction)[MT][2], bool max_moved) {
     if (__any_sync(0xffffffffu, max_moved)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)

@@ -91,14 +91,16 @@ def run(results: list, quick: bool = False) -> None:
                 # Flex recompiles per shape (~20 s each): d128 at 2k (quick) or 2k and 16k (full) only
                 if head_dim == 128 and seqlen in ((2048,) if quick else (2048, 16384)):
                     peers["flex"] = _flex(q, k, v, causal)
-                ours = _ours(q, k, v, causal)
-                reference = peers["sdpa_flash"]().transpose(1, 2)  # (B, S, H, D)
-                max_diff = (ours()[0].float() - reference.float()).abs().max().item()
+                ours_variants = {"ours": _ours(q, k, v, causal)}
+                for variant in _other_variants(head_dim):  # the non-default bodies, timed in the same process
+                    ours_variants[f"ours:{variant}"] = _ours(q, k, v, causal, _variant_shape(head_dim, variant))
+                reference = peers["sdpa_flash"]().transpose(1, 2).float()  # (B, S, H, D)
+                max_diffs = {name: (fn()[0].float() - reference).abs().max().item() for name, fn in ours_variants.items()}
                 panel = f"fwd d{head_dim} {'causal' if causal else 'full'}"
                 base = dict(part="forward", panel=panel, head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen,
                             unit="TFLOP/s")  # fmt: skip
                 speeds = {}
-                for name, fn in {"ours": ours, **peers}.items():
+                for name, fn in {**ours_variants, **peers}.items():
                     try:
                         ms = _time_ms(fn)
                     except Exception as exc:  # a peer backend missing for this shape is reported, not fatal
@@ -106,15 +108,40 @@ def run(results: list, quick: bool = False) -> None:
                         continue
                     speeds[name] = _tflops(batch, heads, seqlen, head_dim, causal, ms)
                     row = dict(base, series=name, value=speeds[name], ms=ms)
-                    if name == "ours":
-                        row["max_abs_diff_vs_sdpa_flash"] = max_diff
+                    if name in max_diffs:
+                        row["max_abs_diff_vs_sdpa_flash"] = max_diffs[name]
                     results.append(row)
-                if "ours" in speeds:
+                for mine in [name for name in ours_variants if name in speeds]:
                     for name, value in speeds.items():
-                        if name != "ours":
-                            results.append(dict(base, series=f"ours/{name}", value=speeds["ours"] / value, unit="ratio"))
+                        if not name.startswith("ours"):
+                            results.append(dict(base, series=f"{mine}/{name}", value=speeds[mine] / value, unit="ratio"))
                 del q, k, v
                 torch.cuda.empty_cache()
+
+
+def _arch() -> str:
+    from hf_flashpatch.kernels.build import device_arch
+
+    return device_arch(torch.device("cuda"))
+
+
+def _variant_shape(head_dim: int, variant: str):
+    from hf_flashpatch.kernels.tiles import forward_tile_shape
+
+    return forward_tile_shape(head_dim, _arch(), variant)
+
+
+def _other_variants(head_dim: int) -> list:
+    """Forward variants other than the one in force that give this head dim a different body."""
+    from hf_flashpatch.kernels.tiles import VARIANTS, selected_variant
+
+    default = _variant_shape(head_dim, selected_variant())
+    others = []
+    for variant in VARIANTS:
+        shape = _variant_shape(head_dim, variant)
+        if shape != default and shape not in [_variant_shape(head_dim, o) for o in others]:
+            others.append(variant)
+    return others
 
 
 def sweep_tiles(results: list, seqlen: int = 4096) -> None:
@@ -130,13 +157,15 @@ def sweep_tiles(results: list, seqlen: int = 4096) -> None:
                 max_diff = (fn()[0].float() - reference).abs().max().item()
                 ms = _time_ms(fn)
                 results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape), head_dim=head_dim,
-                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim),
+                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim, _arch()),
                                     value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s",
                                     max_abs_diff_vs_sdpa_flash=max_diff))  # fmt: skip
 
 
 def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
+    name += "-wgmma" if shape.wgmma else ""
+    name += "-ovl" if shape.overlap else ""
     return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
 
 

@@ -1,4 +1,5 @@
-"""CPU checks of the forward kernel: every shipped variant compiles for sm_90a without register spills,
+"""CPU checks of the forward kernels: every shipped variant (mma.sync and Hopper wgmma bodies) compiles for
+sm_90a without register spills,
 the op's schema and fake (meta) implementation give the documented shapes, and unsupported inputs raise
 KernelUnsupported before any GPU work. Layout: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``.
 """
@@ -16,9 +17,17 @@ import torch
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 from hf_flashpatch.kernels.forward import SUPPORTED_HEAD_DIMS, ForwardConfig, all_builds, attention_forward
-from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, forward_tile_shape
+from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, HOPPER_VARIANTS, VARIANTS, forward_tile_shape
 
 BUILDS = all_builds()
+# the sweep's extra tile shapes compile here too, so a device run never meets a spilling candidate
+CANDIDATE_BUILDS = [
+    ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape, "sm_90a").build("sm_90a")
+    for head_dim, shapes in CANDIDATE_SHAPES.items()
+    for shape in shapes
+    for has_mask in (False, True)
+]
+ALL_COMPILED = list(dict.fromkeys(BUILDS + CANDIDATE_BUILDS))
 
 
 def _ptxas_numbers(report: str) -> dict[str, int]:
@@ -42,24 +51,27 @@ def ptxas_reports(tmp_path_factory):
     os.environ["HF_FLASHPATCH_CACHE"] = str(tmp_path_factory.mktemp("cubins"))
     try:
         with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-            reports = list(pool.map(lambda build: compile_cubin(build, verbose_ptxas=True), BUILDS))
+            reports = list(pool.map(lambda build: compile_cubin(build, verbose_ptxas=True), ALL_COMPILED))
     finally:
         if previous is None:
             del os.environ["HF_FLASHPATCH_CACHE"]
         else:
             os.environ["HF_FLASHPATCH_CACHE"] = previous
-    return dict(zip(BUILDS, reports))
+    return dict(zip(ALL_COMPILED, reports))
 
 
 def _build_id(build) -> str:
     return "-".join(f"{k}={v}" for k, v in build.defines)
 
 
-@pytest.mark.parametrize("build", BUILDS, ids=_build_id)
+@pytest.mark.parametrize("build", ALL_COMPILED, ids=_build_id)
 def test_build_compiles_without_spills(build, ptxas_reports):
-    numbers = _ptxas_numbers(ptxas_reports[build][1])
+    report = ptxas_reports[build][1]
+    numbers = _ptxas_numbers(report)
     assert numbers["spill_stores"] == 0 and numbers["spill_loads"] == 0, f"{build}: {numbers}"
     assert numbers["stack"] == 0, f"{build} uses a local-memory stack frame: {numbers}"
+    # C7515: ptxas serialised the wgmma pipeline (an accumulator touched inside an async window)
+    assert "C7515" not in report and "serialized" not in report, f"{_build_id(build)}:\n{report}"
 
 
 def _find_cuobjdump() -> str | None:
@@ -83,18 +95,38 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
         path = tmp_path / "kernel.cubin"
         path.write_bytes(cubin)
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-        assert "HMMA.16816.F32" in sass, f"{_build_id(build)}: no m16n8k16 tensor-core MMA in the SASS"
+        if build.source == "fwd_hopper.cu":  # warpgroup MMA, and no fallback to the Ampere instruction
+            assert re.search(r"HGMMA\.64x\d+x16\.F32", sass), f"{_build_id(build)}: no wgmma (HGMMA) in the SASS"
+            assert "HMMA" not in sass, f"{_build_id(build)}: mma.sync in the Hopper body"
+        else:
+            assert "HMMA.16816.F32" in sass, f"{_build_id(build)}: no m16n8k16 tensor-core MMA in the SASS"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{_build_id(build)}: local-memory traffic in the SASS"
 
 
-def test_all_builds_cover_every_dtype_head_dim_and_mask():
-    configs = {(dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in BUILDS}
-    assert len(BUILDS) == len(configs) == 2 * len(SUPPORTED_HEAD_DIMS) * 2
+def test_all_builds_cover_every_variant_dtype_head_dim_and_mask():
+    def key(b):
+        return b.source, dict(b.defines).get("OVERLAP"), dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]
+
+    configs = {key(b) for b in BUILDS}
+    hopper_head_dims = sum(len(shapes) for shapes in HOPPER_VARIANTS.values())
+    assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + hopper_head_dims) * 2 * 2
+    assert set(VARIANTS) == {"mma", *HOPPER_VARIANTS}
+
+
+def test_wgmma_body_only_on_sm90a():
+    for variant in HOPPER_VARIANTS:
+        assert forward_tile_shape(128, "sm_90a", variant).wgmma
+        assert not forward_tile_shape(128, "sm_80", variant).wgmma  # Ampere / Ada: the mma.sync body
+        assert not forward_tile_shape(96, "sm_90a", variant).wgmma  # head dims the wgmma body does not serve
+    config = ForwardConfig.for_problem(128, "bf16", False, forward_tile_shape(128, "sm_90a", "wgmma"), "sm_90a")
+    with pytest.raises(KernelUnsupported, match="sm_90a"):
+        config.build("sm_89")
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_tile_shapes_are_valid_and_fit_shared_memory(head_dim):
-    for shape in (forward_tile_shape(head_dim), *CANDIDATE_SHAPES.get(head_dim, ())):
+    shapes = [forward_tile_shape(head_dim, "sm_90a", variant) for variant in VARIANTS]
+    for shape in (*shapes, *CANDIDATE_SHAPES.get(head_dim, ())):
         config = ForwardConfig.for_problem(head_dim, "bf16", True, shape)  # validates divisibility
         assert config.shared_bytes <= 232448, config
 
@@ -104,6 +136,10 @@ def test_config_rejects_bad_tiles():
         ForwardConfig(head_dim=80, dtype="bf16", block_m=128, block_n=64, num_warps=4)
     with pytest.raises(ValueError, match="invalid tile"):
         ForwardConfig(head_dim=64, dtype="bf16", block_m=96, block_n=64, num_warps=4)
+    with pytest.raises(ValueError, match="invalid wgmma tile"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True, overlap=True)
+    with pytest.raises(ValueError, match="invalid wgmma tile"):
+        ForwardConfig(head_dim=96, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)
 
 
 def test_op_schema_and_fake_shapes():

@@ -1,4 +1,6 @@
-"""FlashAttention forward kernel (``cuda/fwd.cu``) as the custom op ``hf_flashpatch::attention_forward``.
+"""FlashAttention forward kernels as the custom op ``hf_flashpatch::attention_forward``: ``cuda/fwd.cu``
+(mma.sync, every sm_80+ GPU and head dim) and, on Hopper at head dims 64/128, ``cuda/fwd_hopper.cu``
+(wgmma); which body serves a call is decided in :mod:`hf_flashpatch.kernels.tiles`.
 
 Layouts (flash-attn's):
 
@@ -29,7 +31,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from .build import KernelBuild, device_arch, get_kernel
-from .tiles import TileShape, forward_tile_shape
+from .tiles import VARIANTS, TileShape, forward_tile_shape
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -37,6 +39,8 @@ _LOG2E = 1.4426950408889634
 _ELEM_BYTES = 2
 _MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
 _ENTRY = "hfp_attention_forward"
+_ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
+_SWIZZLE_ALIGN_SLACK = 1024  # the wgmma body rounds its shared-memory base up to a 1024-byte swizzle atom
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
 _ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff"
 
@@ -55,8 +59,15 @@ class ForwardConfig:
     qk_prefetch: bool = False
     ctas_per_sm: int = 1
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
+    wgmma: bool = False  # Hopper body (cuda/fwd_hopper.cu): block_m = 64 per warpgroup of 4 warps
+    overlap: bool = False  # wgmma body only: P V of tile i overlaps the softmax of tile i + 1
 
     def __post_init__(self):
+        if self.wgmma:
+            self._check_wgmma()
+            return
+        if self.overlap:
+            raise ValueError(f"overlap is a wgmma-body option, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -68,14 +79,33 @@ class ForwardConfig:
         if (self.block_m * chunks_per_row) % self.threads or (self.block_n * chunks_per_row) % self.threads:
             raise ValueError(f"tile rows x 16-byte chunks must divide over {self.threads} threads, got {self}")
 
+    def _check_wgmma(self) -> None:
+        if self.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"dtype must be 'bf16' or 'fp16', got {self.dtype!r}")
+        warpgroups, rest = divmod(self.num_warps, 4)
+        ok = (
+            self.head_dim in (64, 128) and self.block_n in (64, 128) and rest == 0 and warpgroups >= 1
+            and self.block_m == 64 * warpgroups and self.kv_stages >= (3 if self.overlap else 2)
+            and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
+        )  # fmt: skip
+        if not ok:
+            raise ValueError(f"invalid wgmma tile (head dim 64/128, block_n 64/128, block_m = 16 * num_warps, "
+                             f"num_warps % 4 == 0, 3 stages with overlap), got {self}")  # fmt: skip
+
     @classmethod
-    def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None):
-        shape = shape or forward_tile_shape(head_dim)
+    def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
+                    arch: str = "sm_80"):  # fmt: skip
+        shape = shape or forward_tile_shape(head_dim, arch)
         return cls(
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
+            wgmma=shape.wgmma, overlap=shape.overlap,
         )  # fmt: skip
+
+    @property
+    def entry(self) -> str:
+        return _ENTRY_SM90 if self.wgmma else _ENTRY
 
     @property
     def threads(self) -> int:
@@ -83,10 +113,22 @@ class ForwardConfig:
 
     @property
     def shared_bytes(self) -> int:
+        if self.wgmma:  # dense 128-byte-swizzled tiles: Q + K/V ring, plus the alignment slack
+            tile_bytes = self.head_dim * _ELEM_BYTES * (self.block_m + 2 * self.kv_stages * self.block_n)
+            return tile_bytes + _SWIZZLE_ALIGN_SLACK
         row_bytes = (self.head_dim + 8) * _ELEM_BYTES  # padded rows, see cuda/fwd_tile_io.cuh
         return row_bytes * (self.block_m + 2 * self.kv_stages * self.block_n)
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
+        if self.wgmma:
+            if arch != "sm_90a":
+                raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
+            defines = (
+                ("HEAD_DIM", self.head_dim), ("BLOCK_N", self.block_n), ("NUM_WG", self.num_warps // 4),
+                ("KV_STAGES", self.kv_stages), ("OVERLAP", int(self.overlap)),
+                ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
+            )  # fmt: skip
+            return KernelBuild("fwd_hopper.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
             ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),
@@ -98,13 +140,17 @@ class ForwardConfig:
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
-    """Every variant shipped: dtype x head dim x masking (the CI compile check walks this list)."""
-    return [
-        ForwardConfig.for_problem(head_dim, dtype, has_mask).build(arch)
-        for dtype in ("bf16", "fp16")
-        for head_dim in SUPPORTED_HEAD_DIMS
-        for has_mask in (False, True)
-    ]
+    """Every variant shipped: body x dtype x head dim x masking (the CI compile check walks this list)."""
+    builds = []
+    for variant in VARIANTS:
+        for dtype in ("bf16", "fp16"):
+            for head_dim in SUPPORTED_HEAD_DIMS:
+                for has_mask in (False, True):
+                    shape = forward_tile_shape(head_dim, arch, variant)
+                    build = ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch).build(arch)
+                    if build not in builds:
+                        builds.append(build)
+    return builds
 
 
 # --------------------------------------------------------------------------------------- checks
@@ -152,7 +198,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     group = heads // kv_heads
     left, right = _normalized_window(causal, window_left, window_right)
-    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape)
+    arch = device_arch(q.device)
+    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch)
     if config.shared_bytes > _MAX_SHARED_BYTES:
         raise KernelUnsupported(f"forward tile needs {config.shared_bytes} B of shared memory, got {config}")
 
@@ -187,7 +234,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     else:
         scale_log2, softcap_pre = scale * _LOG2E, 0.0
 
-    kernel = get_kernel(config.build(device_arch(q.device)), _ENTRY, _ARG_TYPES, q.device)
+    kernel = get_kernel(config.build(arch), config.entry, _ARG_TYPES, q.device)
     grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
     kernel(
         grid, (config.threads, 1, 1),

@@ -1,9 +1,15 @@
-"""Tile shapes of the FlashAttention forward kernel (``cuda/fwd.cu``), chosen in one place.
+"""Tile shapes of the FlashAttention forward kernels (``cuda/fwd.cu``, ``cuda/fwd_hopper.cu``), chosen
+in one place.
 
 Layout of the tensors the tiles cover: q ``(batch, seqlen_q, heads, head_dim)``, k/v
 ``(batch, seqlen_k, kv_heads, head_dim)``. A CTA computes ``block_m`` packed query rows (query
 positions x the query heads of one GQA group) against ``block_n`` keys per step; each warp owns
 ``block_m / num_warps`` rows, i.e. ``block_m / (16 * num_warps)`` m16n8k16 m-tiles.
+
+Two bodies: ``mma`` (``fwd.cu``, mma.sync m16n8k16, any sm_80+ GPU, every head dim) and, on Hopper
+(sm_90a) at head dims 64 and 128, ``wgmma`` (``fwd_hopper.cu``: warpgroup MMA, 64 rows per warpgroup,
+so ``block_m = 64 * num_warps / 4``). ``HF_FLASHPATCH_FWD_VARIANT`` (read on every call) picks a
+named variant of :data:`VARIANTS` for testing and benchmarking; unset, :data:`DEFAULT_VARIANT`.
 
 Every shape below compiles for sm_90a without register spills (checked by
 ``tests/test_forward_compile.py``); the register counts quoted are ptxas's for the masked bf16 build,
@@ -12,6 +18,7 @@ the throughputs those of ``scripts/bench_forward.py --sweep`` on an H200 (``note
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -24,10 +31,47 @@ class TileShape:
     q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
     qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
+    wgmma: bool = False  # the Hopper body (fwd_hopper.cu); num_warps = 4 per 64-row warpgroup
+    overlap: bool = False  # wgmma body: O += P V of tile i runs during the softmax of tile i + 1 (3 stages)
 
 
-def forward_tile_shape(head_dim: int) -> TileShape:
-    """The tile shape used for ``head_dim`` (both dtypes, masked or not)."""
+# Hopper bodies by name (head dims 64 and 128 on sm_90a); "mma" = the mma.sync table below everywhere.
+HOPPER_VARIANTS: dict[str, dict[int, TileShape]] = {
+    # two consumer warpgroups x 64 rows, 128-key tiles, double-buffered K/V, one product at a time
+    "wgmma": {
+        64: TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
+        128: TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
+    },
+    # the same with P V of tile i overlapping the softmax of tile i + 1 (second score buffer, 3 stages)
+    "wgmma_overlap": {
+        64: TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
+        128: TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
+    },
+}
+VARIANTS = ("mma",) + tuple(HOPPER_VARIANTS)
+DEFAULT_VARIANT = "mma"
+VARIANT_ENV = "HF_FLASHPATCH_FWD_VARIANT"
+
+
+def selected_variant() -> str:
+    """The forward variant in force: ``HF_FLASHPATCH_FWD_VARIANT`` if set, else :data:`DEFAULT_VARIANT`."""
+    name = os.environ.get(VARIANT_ENV) or DEFAULT_VARIANT
+    if name not in VARIANTS:
+        raise ValueError(f"{VARIANT_ENV} must be one of {VARIANTS}, got {name!r}")
+    return name
+
+
+def forward_tile_shape(head_dim: int, arch: str = "sm_80", variant: str | None = None) -> TileShape:
+    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes, masked or not). The wgmma bodies
+    serve head dims 64 and 128 on sm_90a; every other case takes the mma.sync table."""
+    variant = variant or selected_variant()
+    if arch == "sm_90a" and variant in HOPPER_VARIANTS and head_dim in HOPPER_VARIANTS[variant]:
+        return HOPPER_VARIANTS[variant][head_dim]
+    return mma_tile_shape(head_dim)
+
+
+def mma_tile_shape(head_dim: int) -> TileShape:
+    """The mma.sync body's tile shape for ``head_dim`` (both dtypes, masked or not)."""
     if head_dim == 32:
         # Tiny rows: Q fits in 8 registers per thread, so 8 warps x 16 rows with wide 128-key tiles
         # amortise the per-tile softmax and barrier cost.
@@ -61,6 +105,8 @@ CANDIDATE_SHAPES: dict[int, tuple[TileShape, ...]] = {
         TileShape(block_m=128, block_n=64, num_warps=4, qk_prefetch=True),
         TileShape(block_m=128, block_n=64, num_warps=4, q_in_registers=True),
         TileShape(block_m=128, block_n=64, num_warps=4, kv_stages=3),
+        TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
+        TileShape(block_m=128, block_n=64, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
     ),
     128: (
         TileShape(block_m=128, block_n=64, num_warps=4),
@@ -69,5 +115,8 @@ CANDIDATE_SHAPES: dict[int, tuple[TileShape, ...]] = {
         TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3),
         TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3, qk_prefetch=True),
         TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True),
+        TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
+        TileShape(block_m=128, block_n=64, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
+        TileShape(block_m=64, block_n=128, num_warps=4, wgmma=True),
     ),
 }

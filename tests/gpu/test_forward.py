@@ -18,12 +18,44 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("pycuda")
 
+from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
+from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.kernels.forward import attention_forward  # noqa: E402
+from hf_flashpatch.kernels.tiles import VARIANT_ENV, VARIANTS, forward_tile_shape  # noqa: E402
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16]
 SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024), (4224, 4224), (128, 217), (217, 128)]
 HEADS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
+
+
+@pytest.fixture(autouse=True, params=VARIANTS)
+def forward_variant(request, monkeypatch):
+    """Every test runs once per forward body (mma.sync, and on Hopper the wgmma variants); a variant that
+    gives the test's head dim no body of its own is skipped (the mma run covers it)."""
+    variant = request.param
+    head_dim = getattr(request.node, "callspec", None) and request.node.callspec.params.get("head_dim")
+    arch = device_arch(torch.device("cuda"))
+    if variant != "mma" and not forward_tile_shape(head_dim or 128, arch, variant).wgmma:
+        pytest.skip(f"{variant} has no body of its own for head dim {head_dim or 128} on {arch}")
+    monkeypatch.setenv(VARIANT_ENV, variant)
+    return variant
+
+
+def test_variant_body_is_the_one_launched(forward_variant, monkeypatch):
+    launched = []
+    real_get_kernel = forward_module.get_kernel
+
+    def recording_get_kernel(build, entry, *args, **kwargs):
+        launched.append((build.source, entry))
+        return real_get_kernel(build, entry, *args, **kwargs)
+
+    monkeypatch.setattr(forward_module, "get_kernel", recording_get_kernel)
+    q, k, v = _qkv(1, 239, 239, 4, 2, 128, torch.bfloat16)
+    out, lse = _run(q, k, v, causal=True)
+    _check(out, lse, q, k, v, causal=True)
+    expected = "fwd_hopper.cu" if forward_variant != "mma" else "fwd.cu"
+    assert launched and launched[-1][0] == expected, launched
 
 
 def _poison_allocator(nbytes: int) -> None:

@@ -1,0 +1,332 @@
+// hf_flashpatch: Hopper forward kernel (sm_90a): both GEMMs of a key tile on warpgroup MMA (wgmma).
+//
+// Same contract as cuda/fwd.cu (same arguments, layouts, masks, GQA packing, varlen, LSE):
+// q (B, S_q, H, D), k/v (B, S_k, H_kv, D) with arbitrary batch/seq/head strides and a contiguous head
+// dim; out like q (strides passed); lse (B, H, S_q) or, varlen, (H, T_q), fp32 natural log.
+//
+// One CTA computes BLOCK_M = 64 * NUM_WG packed rows (query positions x the query heads of one GQA
+// group) of one (kv head, batch) pair; warpgroup w owns rows [64 w, 64 w + 64), its warp j rows
+// 64 w + 16 j + [0, 16). Per key tile (walked from the last visible tile down):
+//   S = Q K^T: wgmma m64 x BLOCK_N x k16, Q and K both from SW128 shared-memory tiles (K-major);
+//   soft-cap, mask (boundary tiles only), online softmax in base 2: the accumulator layout is, per warp,
+//   mma.sync's C layout, so fwd_softmax.cuh's code (MT = 1) applies unchanged;
+//   O += P V: wgmma m64 x HEAD_DIM x k16 with P packed in registers (A operand) and V from its SW128
+//   tile read MN-major (transposed by the tensor core, no ldmatrix.trans).
+// K/V tiles stream through a KV_STAGES-deep cp.async ring written in the swizzled format; the next
+// tile's copy overlaps this tile's math. With OVERLAP = 1 the P V product of tile i runs on the tensor
+// cores while the warpgroup exponentiates the scores of tile i + 1 (S of i + 1 is issued first), which
+// needs a third ring stage (V of tile i is still being read when tile i + 2 is requested).
+//
+// Compile-time configuration (-D, from ForwardConfig in hf_flashpatch/kernels/forward.py):
+//   HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, OVERLAP, ELEM_BF16, HAS_MASK.
+#include "fwd_softmax.cuh"
+#include "fwd_tile_io.cuh"
+#include "hopper.cuh"
+#include "primitives.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+
+namespace {
+
+using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
+using Elem = Traits::T;
+using OutLayout = hfp::fwd::TileLayout<HEAD_DIM>;  // padded rows: the output staging tile
+
+constexpr bool kBf16 = ELEM_BF16 != 0;
+constexpr bool kWindowed = HAS_MASK != 0;
+constexpr int kThreads = 128 * NUM_WG;
+constexpr int kBlockM = 64 * NUM_WG;
+constexpr int kNT = BLOCK_N / 8;                // 8-key column blocks of S
+constexpr int kOT = HEAD_DIM / 8;               // 8-column blocks of O
+constexpr int kChunksPerRow = HEAD_DIM / 8;     // 16-byte chunks per tile row
+constexpr int kSubTileRowBytes = hfp::sm90::kSwizzleRowBytes;
+constexpr int kQBytes = kBlockM * HEAD_DIM * 2;
+constexpr int kKVBytes = BLOCK_N * HEAD_DIM * 2;  // one K or one V tile
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "the wgmma forward serves head dims 64 and 128");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128, "S = Q K^T uses wgmma n64 or n128");
+// Tiles in flight ahead of the one being consumed. The overlapped body still reads tile i's V (its
+// P V product) while tile i + 1 is consumed, so one ring slot fewer is free for prefetching.
+constexpr int kLookahead = OVERLAP ? KV_STAGES - 2 : KV_STAGES - 1;
+static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into (overlap: 3 stages)");
+static_assert(kBlockM * OutLayout::kRowStride * 2 <= 2 * KV_STAGES * kKVBytes, "the output staging tile must fit the ring");
+
+// Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
+template <int N>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (N == 64) hfp::sm90::wgmma_ss_m64n64k16<kBf16>(d, desc_a, desc_b, accumulate);
+  else hfp::sm90::wgmma_ss_m64n128k16<kBf16>(d, desc_a, desc_b, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (N == 64) hfp::sm90::wgmma_rs_m64n64k16_tb<kBf16>(d, a, desc_b, 1);
+  else hfp::sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, desc_b, 1);
+}
+
+// Copy keys [key0, key0 + BLOCK_N) of a (seq, head dim) K or V matrix into a SW128 tile (see
+// hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to probability 0).
+// A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a multiple of 8,
+// so its swizzled chunk position never changes and the destination just advances.
+__device__ __forceinline__ void load_kv_tile_sw128(uint32_t tile, const Elem* gmem, int64_t row_stride, int key0,
+                                                   int seqlen_k, int tid) {
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kThreads % kChunksPerRow == 0 && BLOCK_N % kRowStep == 0 && kRowStep % 8 == 0, "tile walk");
+  const int row0 = tid / kChunksPerRow;
+  const int chunk = tid % kChunksPerRow;
+  uint32_t dst = tile + (chunk / 8) * (BLOCK_N * kSubTileRowBytes) + hfp::sm90::sw128_offset(row0, chunk % 8);
+  const Elem* src = gmem + static_cast<int64_t>(key0 + row0) * row_stride + chunk * 8;
+  const int64_t step = kRowStep * row_stride;
+#pragma unroll
+  for (int i = 0; i < BLOCK_N / kRowStep; ++i) {
+    const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
+    hfp::cp_async_16(dst, valid ? src : gmem, valid);
+    src += step;
+    dst += kRowStep * kSubTileRowBytes;
+  }
+}
+
+// S (64 x BLOCK_N per warpgroup) = Q K^T over the head dim: 16 elements (32 bytes) per k-step.
+__device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], uint32_t q_rows, uint32_t k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+    const uint32_t k_offset = (ks % 4) * 32;  // byte offset inside the sub-tile's 128-byte rows
+    const uint64_t desc_q = hfp::sm90::sw128_descriptor(q_rows + (ks / 4) * (kBlockM * kSubTileRowBytes) + k_offset,
+                                                        16, hfp::sm90::kSwizzleAtomBytes);
+    const uint64_t desc_k = hfp::sm90::sw128_descriptor(k_tile + (ks / 4) * (BLOCK_N * kSubTileRowBytes) + k_offset,
+                                                        16, hfp::sm90::kSwizzleAtomBytes);
+    mma_ss<BLOCK_N>(s, desc_q, desc_k, ks > 0);
+  }
+}
+
+// O (64 x HEAD_DIM per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step.
+__device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p)[BLOCK_N / 16][4], uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+    const uint64_t desc_v = hfp::sm90::sw128_descriptor(v_tile + kk * 16 * kSubTileRowBytes,
+                                                        BLOCK_N * kSubTileRowBytes, hfp::sm90::kSwizzleAtomBytes);
+    mma_rs_transposed_b<HEAD_DIM>(o, p[kk], desc_v);
+  }
+}
+
+// Probabilities (S accumulator layout) -> A fragments of O += P V: 8-key blocks 2kk and 2kk + 1 of a
+// row pair are one 16-key A fragment (mma.sync layout), as in fwd_gemm.cuh's gemm_pv.
+__device__ __forceinline__ void pack_probabilities(uint32_t (&p)[BLOCK_N / 16][4], const float (&s)[1][kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+    p[kk][0] = Traits::pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+    p[kk][1] = Traits::pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+    p[kk][2] = Traits::pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+    p[kk][3] = Traits::pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+  }
+}
+
+__device__ __forceinline__ int fresh_thread_index() {
+  int index;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
+  return index;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(
+    const Elem* __restrict__ q, const Elem* __restrict__ k, const Elem* __restrict__ v, Elem* __restrict__ out,
+    float* __restrict__ lse, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+    int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,
+    int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,
+    int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,
+    int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left,
+    int window_right, float scale_log2, float softcap_pre_scale) {
+  using namespace hfp;
+  using namespace hfp::fwd;
+  using namespace hfp::sm90;
+  // The swizzle atoms need 1024-byte alignment; the launch adds 1 KB of slack for rounding up.
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem_raw_address = smem_addr(smem_raw);
+  const uint32_t smem_base = (smem_raw_address + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
+  const uint32_t q_tile = smem_base;                      // SW128 (BLOCK_M, HEAD_DIM)
+  const uint32_t k_ring = q_tile + kQBytes;               // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
+  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;  // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int warpgroup = warp >> 2;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
+
+  // ---- sequence bounds (varlen: token offsets from cu_seqlens, batch strides unused)
+  int64_t q_token0 = 0, k_token0 = 0;
+  if (cu_seqlens_q != nullptr) {
+    q_token0 = cu_seqlens_q[batch];
+    k_token0 = cu_seqlens_k[batch];
+    seqlen_q = cu_seqlens_q[batch + 1] - q_token0;
+    seqlen_k = cu_seqlens_k[batch + 1] - k_token0;
+  }
+  const int packed_rows = seqlen_q * group;
+  const int p0 = m_block * kBlockM;
+  if (p0 >= packed_rows) return;
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
+
+  const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
+  const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
+  const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+
+  // ---- key tiles this query tile can see (as in fwd.cu)
+  const int pos_first = p0 / group;
+  const int pos_last = (min(p0 + kBlockM, packed_rows) - 1) / group;
+  const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
+  const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
+  const int mask_lo = kWindowed ? pos_last + shifts.lo : 0;
+  const int mask_hi = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).hi;
+  const int n_block_min = key_lo / BLOCK_N;
+  const int n_block_max = key_hi > key_lo ? (key_hi + BLOCK_N - 1) / BLOCK_N : n_block_min;
+  const int num_tiles = n_block_max - n_block_min;
+
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = warp * 16;  // = 64 * warpgroup + 16 * (warp % 4)
+  const uint32_t q_rows = q_tile + warpgroup * 64 * kSubTileRowBytes;  // this warpgroup's 64 rows
+
+  // ---- prologue: Q and the first kLookahead key tiles in flight
+  for_each_packed_chunk<HEAD_DIM, kBlockM, kThreads>(
+      tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
+        const Elem* src = q_base + (valid ? pos * q_seq_stride + head * q_head_stride + col : 0);
+        cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src, valid);
+      });
+#pragma unroll
+  for (int s = 0; s < kLookahead; ++s) {
+    if (s < num_tiles) {
+      const int key0 = (n_block_max - 1 - s) * BLOCK_N;
+      load_kv_tile_sw128(k_ring + s * kKVBytes, k_base, k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128(v_ring + s * kKVBytes, v_base, v_seq_stride, key0, seqlen_k, tid);
+    }
+    cp_async_commit();
+  }
+
+  float acc_o[1][kOT][4];  // (1, O column blocks, C fragment): unnormalised output rows
+#pragma unroll
+  for (int ot = 0; ot < kOT; ++ot)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][ot][e] = 0.f;
+  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(acc_o);
+  OnlineSoftmax<1> softmax;
+  softmax.init();
+  float scores[1][kNT][4];
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
+  uint32_t probs[BLOCK_N / 16][4];
+
+  // Wait for tile i, then request tile i + kLookahead into its ring slot (free: the tile it held was
+  // consumed by every warpgroup before the barrier). One commit group per tile, empty or not.
+  auto advance_ring = [&](int i) {
+    cp_async_wait<kLookahead - 1>();
+    fence_proxy_async_shared();  // cp.async wrote through the generic proxy; wgmma reads through the async one
+    __syncthreads();
+    const int ahead = i + kLookahead;
+    if (ahead < num_tiles) {
+      const int slot = ahead % KV_STAGES;
+      const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
+      load_kv_tile_sw128(k_ring + slot * kKVBytes, k_base, k_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128(v_ring + slot * kKVBytes, v_base, v_seq_stride, ahead_key0, seqlen_k, tid);
+    }
+    cp_async_commit();
+  };
+  // Soft-cap and mask the scores of key tile i, then the first half of the online softmax.
+  float correction[1][2];
+  auto exponentiate_tile = [&](int i) -> bool {
+    const int key0 = (n_block_max - 1 - i) * BLOCK_N;
+    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
+      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
+    return softmax.exponentiate(scores, correction, scale_log2);
+  };
+  // A wgmma that reads P from registers reads them after its issue: the compiler, which sees the asm
+  // consume them at issue, must not reuse those registers until the product retired.
+  // Issue one product as its own wgmma group (fence, MMAs, commit), its accumulators fenced on both sides.
+  auto start_scores = [&](uint32_t k_tile) {
+    fence_operands(s_flat);
+    wgmma_fence();
+    issue_scores(s_flat, q_rows, k_tile);
+    wgmma_commit();
+    fence_operands(s_flat);
+  };
+  auto start_pv = [&](uint32_t v_tile) {
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(o_flat, probs, v_tile);
+    wgmma_commit();
+    fence_operands(o_flat);
+  };
+  auto retire_pv = [&]() {
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
+  };
+
+#if OVERLAP
+  // Tile 0's scores first; then per tile: issue S(i + 1) and O += P(i) V(i), exponentiate S(i + 1)
+  // while O += P(i) V(i) still runs, retire it, rescale O and pack P(i + 1).
+  if (num_tiles > 0) {
+    advance_ring(0);
+    start_scores(k_ring);
+    wgmma_wait<0>();
+    fence_operands(s_flat);
+    softmax.rescale(acc_o, correction, exponentiate_tile(0));
+    pack_probabilities(probs, scores);
+  }
+  for (int i = 0; i + 1 < num_tiles; ++i) {
+    advance_ring(i + 1);  // tile i + 1 landed; tile i + 2 requested into the slot of tile i - 1
+    start_scores(k_ring + ((i + 1) % KV_STAGES) * kKVBytes);
+    start_pv(v_ring + (i % KV_STAGES) * kKVBytes);
+    wgmma_wait<1>();  // S(i + 1) is ready; P(i) V(i) may still run
+    fence_operands(s_flat);
+    const bool max_moved = exponentiate_tile(i + 1);
+    retire_pv();
+    softmax.rescale(acc_o, correction, max_moved);
+    pack_probabilities(probs, scores);
+  }
+  if (num_tiles > 0) {
+    start_pv(v_ring + ((num_tiles - 1) % KV_STAGES) * kKVBytes);
+    retire_pv();
+  }
+#else
+  for (int i = 0; i < num_tiles; ++i) {
+    advance_ring(i);
+    const uint32_t k_tile = k_ring + (i % KV_STAGES) * kKVBytes;
+    const uint32_t v_tile = v_ring + (i % KV_STAGES) * kKVBytes;
+    start_scores(k_tile);
+    wgmma_wait<0>();
+    fence_operands(s_flat);
+    softmax.rescale(acc_o, correction, exponentiate_tile(i));
+    pack_probabilities(probs, scores);
+    start_pv(v_tile);
+    retire_pv();
+  }
+#endif
+
+  // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
+  float inv_sum[1][2], row_lse[1][2];
+  softmax.finalize(inv_sum, row_lse, scale_log2);
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done reading Q / K / V shared memory
+  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem_raw_address));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + h * 8 + g;
+#pragma unroll
+    for (int ot = 0; ot < kOT; ++ot) {
+      const uint32_t packed2 = Traits::pack2(acc_o[0][ot][2 * h] * inv_sum[0][h], acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
+    }
+    const int packed = p0 + row;
+    if (t == 0 && packed < packed_rows) {
+      const int pos = group == 1 ? packed : packed / group;
+      const int head = kv_head * group + (packed - pos * group);
+      lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[0][h];
+    }
+  }
+  __syncthreads();
+  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
+  store_o_tile<HEAD_DIM, kBlockM, kThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+                                            fresh_thread_index());
+}
