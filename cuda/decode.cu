@@ -25,6 +25,13 @@
 //                  cache regions at the same time (DRAM channel / L2 slice camping);
 //   EARLY_ISSUE    a warp refills the slot it has just finished before waiting for its next tile, so
 //                  STAGES tiles (not STAGES - 1) are in flight while it waits.
+//   INDEX_AHEAD    (with COALESCED_LOADS) each lane's page-table / slot-table entry for its key of the
+//                  warp's next tile is loaded one tile early (software pipelined), so a tile's copies never
+//                  wait on the dependent table read; the contiguous form has no table (no change).
+//   L2_AHEAD       (with COALESCED_LOADS and INDEX_AHEAD) the entries run two tiles ahead and the rows of
+//                  the warp's tile after the one being copied are prefetched into L2 (prefetch.global.L2):
+//                  one more tile per warp in flight without more shared memory, and the address
+//                  translation of a scattered page (TLB miss) happens a tile before the copy needs it.
 //   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D = 32, 96, 128: D / 4 registers)
 //                  instead of re-read from shared memory for every tile (a third of the per-tile
 //                  ldmatrix traffic, which shares the L1/shared-memory pipe with the K/V copies).
@@ -52,6 +59,18 @@
 #endif
 #ifndef Q_IN_REGS
 #define Q_IN_REGS 0
+#endif
+#ifndef INDEX_AHEAD
+#define INDEX_AHEAD 0
+#endif
+#ifndef L2_AHEAD
+#define L2_AHEAD 0
+#endif
+#if INDEX_AHEAD && !COALESCED_LOADS
+#error "INDEX_AHEAD is implemented for the COALESCED_LOADS copy pattern"
+#endif
+#if L2_AHEAD && !INDEX_AHEAD
+#error "L2_AHEAD needs INDEX_AHEAD (its prefetch addresses come from the entries loaded ahead)"
 #endif
 
 namespace hfp {
@@ -181,6 +200,21 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   auto tile_of = [](int it) { return it; };
 #endif
 
+#if INDEX_AHEAD
+  // This lane's key in the warp's tile `it` (< n_tiles), clamped into the chunk like the copies do.
+  auto lane_key = [&](int it) {
+    const int key = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys + load_key;
+    return key < k_end ? key : k_begin;
+  };
+  using Entry = typename KvAddressT<Elem>::Entry;
+  constexpr int kEntriesAhead = L2_AHEAD ? 2 : 1;
+  // entry_ahead[i]: this lane's table entry for the warp's tile (next one issued + i); loaded one
+  // issue_tile call before it is read.
+  Entry entry_ahead[kEntriesAhead];
+#pragma unroll
+  for (int i = 0; i < kEntriesAhead; ++i) entry_ahead[i] = i < n_tiles ? p.kv.entry(b, lane_key(i)) : Entry(0);
+#endif
+
   auto issue_tile = [&](int it) {
     const int slot = it % STAGES;
     if (it < n_tiles) {
@@ -193,7 +227,11 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 #if KV_ADDRESSING != 0
       const int my_key = key0 + load_key;
       long long k_off, v_off;
+#if INDEX_AHEAD
+      p.kv.locate_entry(entry_ahead[0], b, my_key < k_end ? my_key : k_begin, k_off, v_off);
+#else
       p.kv.locate(b, my_key < k_end ? my_key : k_begin, k_off, v_off);
+#endif
       const Elem* k_mine = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
       const Elem* v_mine = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
 #endif
@@ -215,6 +253,33 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
         cp_async_16_kv(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
         cp_async_16_kv(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
       }
+#if INDEX_AHEAD
+      // Advance the entries: the next call's is already here; the load for the one after is issued
+      // now and not waited for until then.
+#pragma unroll
+      for (int i = 0; i + 1 < kEntriesAhead; ++i) entry_ahead[i] = entry_ahead[i + 1];
+      entry_ahead[kEntriesAhead - 1] =
+          it + kEntriesAhead < n_tiles ? p.kv.entry(b, lane_key(it + kEntriesAhead)) : Entry(0);
+#if L2_AHEAD
+      if (it + 1 < n_tiles) {
+        // Rows of the warp's next tile into L2: lanes l and l + 16 hold key l % 16 and take
+        // alternate 128-byte lines of its K and V rows.
+        long long k_next, v_next;
+        p.kv.locate_entry(entry_ahead[0], b, lane_key(it + 1), k_next, v_next);
+        const Elem* k_row = p.kv.k + k_next + (long long)kv_head * p.kv.k_stride2;
+        const Elem* v_row = p.kv.v + v_next + (long long)kv_head * p.kv.v_stride2;
+        constexpr int kLineElems = 128 / sizeof(Elem);
+#pragma unroll
+        for (int c = 0; c < kHeadDim; c += 2 * kLineElems) {
+          const int col = c + (lane / 16) * kLineElems;
+          if (col < kHeadDim) {
+            prefetch_l2(k_row + col);
+            prefetch_l2(v_row + col);
+          }
+        }
+      }
+#endif
+#endif
 #else
       const int key = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys + load_key;
       const bool valid = key < k_end;

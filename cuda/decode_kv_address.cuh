@@ -34,21 +34,47 @@ struct KvAddressT {
 #endif
   }
 
-  // Offsets (elements) of the first k/v element of (b, key j, kv head h) as (row, head) components.
-  __device__ __forceinline__ void locate(int b, int j, long long& k_off, long long& v_off) const {
+#if KV_ADDRESSING == 2
+  using Entry = long long;  // a slot
+#else
+  using Entry = int;  // a page (block table); unused (0) for the contiguous form
+#endif
+
+  // The index-table entry that places key j of sequence b: its page (block table) or slot (slot
+  // table); contiguous caches have no table (0). Separate from locate_entry so that a caller can
+  // issue this dependent global load early (INDEX_AHEAD) and use it later.
+  __device__ __forceinline__ Entry entry(int b, int j) const {
 #if KV_ADDRESSING == 0
+    (void)b, (void)j;
+    return 0;
+#elif KV_ADDRESSING == 1
+    return static_cast<const int*>(index)[(long long)b * index_stride + j / page_size];
+#else
+    return static_cast<const long long*>(index)[cu_seqlens_k[b] + j];
+#endif
+  }
+
+  // Offsets (elements) of the first k/v element of (b, key j, kv head h) as (row, head) components,
+  // given entry(b, j).
+  __device__ __forceinline__ void locate_entry(Entry e, int b, int j, long long& k_off, long long& v_off) const {
+#if KV_ADDRESSING == 0
+    (void)e;
     k_off = (long long)b * k_stride0 + (long long)j * k_stride1;
     v_off = (long long)b * v_stride0 + (long long)j * v_stride1;
 #elif KV_ADDRESSING == 1
-    const int page = static_cast<const int*>(index)[(long long)b * index_stride + j / page_size];
+    (void)b;
     const int in_page = j % page_size;
-    k_off = (long long)page * k_stride0 + (long long)in_page * k_stride1;
-    v_off = (long long)page * v_stride0 + (long long)in_page * v_stride1;
+    k_off = (long long)e * k_stride0 + (long long)in_page * k_stride1;
+    v_off = (long long)e * v_stride0 + (long long)in_page * v_stride1;
 #else
-    const long long slot = static_cast<const long long*>(index)[cu_seqlens_k[b] + j];
-    k_off = slot * k_stride1;
-    v_off = slot * v_stride1;
+    (void)b, (void)j;
+    k_off = e * k_stride1;
+    v_off = e * v_stride1;
 #endif
+  }
+
+  __device__ __forceinline__ void locate(int b, int j, long long& k_off, long long& v_off) const {
+    locate_entry(entry(b, j), b, j, k_off, v_off);
   }
 };
 

@@ -34,6 +34,11 @@ __device__ __forceinline__ void cp_async_16_kv(uint32_t smem, const void* gmem, 
 #endif
 }
 
+// Ask L2 to fetch the 128-byte line holding `gmem` (no register result, no shared memory).
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
+}
+
 // A pointer held by lane `src_lane` (every lane of the warp must call this).
 template <typename T>
 __device__ __forceinline__ const T* shfl_pointer(const T* ptr, int src_lane) {

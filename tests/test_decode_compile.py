@@ -1,7 +1,9 @@
 """CPU check of the decode kernels: every build of the default variant (head dims x dtypes x
 contiguous / block-table / slot addressing x softcap) and kv_append compile for sm_90a without
-register spills. The other variants are compiled by ``hf-flashpatch doctor --compile`` and on the GPU
-by ``tests/gpu/test_decode.py``; CI keeps to the shipped default (60 of the 480 builds)."""
+register spills, and so do the D=128 builds of the table-read-ahead candidates (``ahead``,
+``ahead_l2``: the head dim they are measured at). The other variants are compiled by
+``hf-flashpatch doctor --compile`` and on the GPU by ``tests/gpu/test_decode.py``. Also the
+split-KV heuristic's launch-side ``min_waves`` policy (plain arithmetic)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -10,9 +12,17 @@ import pytest
 from ptxas_report import spills_by_entry
 
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
-from hf_flashpatch.kernels.decode import ADDRESSING, DEFAULT_VARIANT, SUPPORTED_HEAD_DIMS, all_builds, variant_config
+from hf_flashpatch.kernels.decode import (
+    ADDRESSING,
+    DEFAULT_VARIANT,
+    SUPPORTED_HEAD_DIMS,
+    all_builds,
+    choose_num_splits,
+    variant_config,
+)
 
-pytestmark = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
+needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
+CANDIDATE_VARIANTS = ("ahead", "ahead_l2")  # their own builds (waves2 / waves4 reuse the default's)
 
 
 def _default_builds():
@@ -23,11 +33,20 @@ def _default_builds():
         for addressing in ADDRESSING
         for softcap in (False, True)
     ]
+    candidates = [
+        variant_config(128, bf16, addressing, softcap, variant).build()
+        for variant in CANDIDATE_VARIANTS
+        for bf16 in (True, False)
+        for addressing in ADDRESSING
+        for softcap in (False, True)
+    ]
     shipped = set(all_builds())
+    builds += candidates
     assert set(builds) <= shipped and len(set(builds)) == len(builds)
     return builds + [b for b in shipped if b.source == "kv_append.cu"]
 
 
+@needs_nvcc
 def test_default_decode_builds_compile_without_spills(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_FLASHPATCH_CACHE", str(tmp_path))
     builds = _default_builds()
@@ -39,3 +58,19 @@ def test_default_decode_builds_compile_without_spills(tmp_path, monkeypatch):
         assert spills, f"{build}: no entry in the ptxas report"
         spilled = {name: s for name, s in spills.items() if s != (0, 0)}
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
+
+
+def test_min_waves_split_policy():
+    """16 sequences x 8 KV heads = 128 CTAs on 132 SMs x 2 slots: the wave heuristic splits 2 ways (one
+    wave); min_waves 2 / 4 split 4 / 8 ways. Grids that already fill a wave are never split."""
+    assert choose_num_splits(128, 32768, 132, 2) == 2
+    assert choose_num_splits(128, 32768, 132, 2, min_waves=2) == 4
+    assert choose_num_splits(128, 32768, 132, 2, min_waves=4) == 8
+    for min_waves in (1, 2, 4):
+        assert choose_num_splits(512, 4096, 132, 2, min_waves) == 1
+        assert choose_num_splits(1024, 2048, 132, 2, min_waves) == 1
+        assert choose_num_splits(8, 256, 132, 2, min_waves) == 1  # too few keys to split at all
+    assert choose_num_splits(16, 2048, 132, 2, min_waves=4) == 2048 // 256  # capped by keys per split
+    assert variant_config(128, True, "block_table", False, "waves2").build() == (
+        variant_config(128, True, "block_table", False, DEFAULT_VARIANT).build()
+    )

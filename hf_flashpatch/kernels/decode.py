@@ -18,8 +18,8 @@ that are not 16-byte aligned (the caches are never copied).
 
 Kernel variants: ``HF_FLASHPATCH_DECODE_VARIANT=<name>`` (read at every launch) picks one of
 :data:`VARIANTS` (``default``: the original kernel, compiled bit-for-bit as before). The others change
-only how K/V tiles are fetched (``cuda/decode_kv_load.cuh``, ``cuda/decode.cu``); all compute the same
-attention (up to the summation order of the online softmax).
+only how K/V tiles are fetched (``cuda/decode_kv_load.cuh``, ``cuda/decode.cu``) or, on the launch side,
+the split-KV factor (``min_waves``); all compute the same attention (up to summation order).
 """
 
 from __future__ import annotations
@@ -63,6 +63,11 @@ class DecodeConfig:
     stagger_tiles: bool = False  # CTA-dependent rotation of each warp's tile order
     early_issue: bool = False  # refill the freed slot before waiting: STAGES tiles in flight
     q_in_regs: bool = False  # Q mma fragments held in registers (D <= 128), not re-read per tile
+    index_ahead: bool = False  # page / slot table entries loaded one tile early (needs coalesced_loads)
+    l2_ahead: bool = False  # entries two tiles early + the next tile's rows prefetched into L2 (needs index_ahead)
+    # Launch side, not compiled: when the grid is split (fewer CTAs than one wave), split so it
+    # holds about this many waves (1: the wave-efficiency heuristic alone, choose_num_splits).
+    min_waves: int = 1
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
         defines = (
@@ -79,6 +84,8 @@ class DecodeConfig:
             ("STAGGER_TILES", self.stagger_tiles),
             ("EARLY_ISSUE", self.early_issue),
             ("Q_IN_REGS", self.q_in_regs),
+            ("INDEX_AHEAD", self.index_ahead),
+            ("L2_AHEAD", self.l2_ahead),
         )
         defines += tuple((name, "1") for name, on in switches if on)
         return KernelBuild("decode.cu", defines, arch)
@@ -94,7 +101,7 @@ KV_APPEND_BUILD = KernelBuild("kv_append.cu")
 VARIANT_ENV = "HF_FLASHPATCH_DECODE_VARIANT"
 # name -> DecodeConfig fields it sets. "default" is the GPU-verified original; the others are
 # candidates to be measured (scripts/bench_decode.py --sweep) before becoming the default.
-VARIANTS: dict[str, dict[str, bool]] = {
+VARIANTS: dict[str, dict[str, bool | int]] = {
     "default": {},
     "prefetch": {"l2_prefetch": True},
     "coalesced": {"coalesced_loads": True},
@@ -105,6 +112,15 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "fast": {
         "l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True, "q_in_regs": True
     },
+    # Candidates for paged 16 at 16x32768 (the one shape under 0.95x cuDNN with "coalesced"), all on
+    # top of the coalesced loads: the table read off the copy's critical path, one more tile in
+    # flight through L2, and more split-KV CTAs (about 2 or 4 waves instead of one) for the shapes
+    # that split.
+    "ahead": {"coalesced_loads": True, "index_ahead": True},
+    "ahead_l2": {"coalesced_loads": True, "index_ahead": True, "l2_ahead": True},
+    "waves2": {"coalesced_loads": True, "min_waves": 2},
+    "waves4": {"coalesced_loads": True, "min_waves": 4},
+    "ahead_waves2": {"coalesced_loads": True, "index_ahead": True, "min_waves": 2},
 }
 
 
@@ -128,7 +144,8 @@ def variant_config(head_dim: int, bf16: bool, addressing: str, softcap: bool, va
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
-    """Every decode variant the launchers can request (for the CI compile check), plus kv_append."""
+    """Every decode build the launchers can request (for the CI compile check), plus kv_append.
+    Variants that differ only on the launch side (``min_waves``) share builds; each build is listed once."""
     builds = [
         variant_config(d, bf16, addressing, softcap, variant).build(arch)
         for variant in VARIANTS
@@ -137,7 +154,7 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
         for addressing in ADDRESSING
         for softcap in (False, True)
     ]
-    return builds + [KernelBuild("kv_append.cu", (), arch)]
+    return list(dict.fromkeys(builds)) + [KernelBuild("kv_append.cu", (), arch)]
 
 
 # ------------------------------------------------------------------------------------ heuristics
@@ -153,11 +170,13 @@ def ctas_per_sm(config: DecodeConfig) -> int:
     return max(1, min(4, (228 * 1024) // (config.shared_bytes + 1024)))
 
 
-def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int) -> int:
+def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int, min_waves: int = 1) -> int:
     """Split-KV factor. Already a full wave of CTAs: 1 (splitting only adds the combine pass).
     Otherwise the smallest split whose wave efficiency (CTAs / slots of the last wave) is within 5%
     of the best reachable, with at least ``MIN_KEYS_PER_SPLIT`` keys per split so the per-warp
-    pipelines have a few tiles each."""
+    pipelines have a few tiles each. ``min_waves > 1`` (a launch-side variant) also asks the split
+    grid for at least 90% of ``min_waves`` waves, so the block scheduler can even out CTAs that
+    finish at different times instead of the whole grid draining at once."""
     slots = sm_count * resident_per_sm
     if ctas >= slots:
         return 1
@@ -168,7 +187,9 @@ def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_
         return n / (math.ceil(n / slots) * slots)
 
     best = max(efficiency(s) for s in range(1, max_splits + 1))
-    return next(s for s in range(1, max_splits + 1) if efficiency(s) >= 0.95 * best)
+    enough_waves = (lambda s: ctas * s >= 0.9 * min_waves * slots) if min_waves > 1 else (lambda s: True)
+    fitting = [s for s in range(1, max_splits + 1) if efficiency(s) >= 0.95 * best and enough_waves(s)]
+    return fitting[0] if fitting else max_splits
 
 
 # ------------------------------------------------------------------------------------ checks
@@ -234,7 +255,9 @@ def _launch(
     row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
-    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config))
+    num_splits = choose_num_splits(
+        ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config), config.min_waves
+    )
     o_part = lse_part = None
     if num_splits > 1:
         # (split, flat token, H, D) and (split, flat token, H)

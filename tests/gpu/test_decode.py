@@ -37,7 +37,8 @@ def _compile_variants_in_parallel():
     shapes = {(d, True, "contiguous", False) for d in (32, 64, 96, 128, 256)}
     shapes |= {(64, True, "contiguous", True), (128, False, "contiguous", False)}
     shapes |= {(128, True, "block_table", False), (128, True, "slot", False)}
-    builds = [decode.variant_config(*shape, name).build(arch) for name in decode.VARIANTS for shape in shapes]
+    # A set: variants that differ only on the launch side (min_waves) share their builds.
+    builds = {decode.variant_config(*shape, name).build(arch) for name in decode.VARIANTS for shape in shapes}
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(compile_cubin, builds))
 
