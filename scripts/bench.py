@@ -33,7 +33,8 @@ def run_metadata() -> dict:
         commit = ""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit or os.environ.get("HF_FLASHPATCH_COMMIT", "unknown"),
+        # the caller's statement of the commit wins: the GPU machine's copy may carry a stale .git
+        "commit": os.environ.get("HF_FLASHPATCH_COMMIT") or commit or "unknown",
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
