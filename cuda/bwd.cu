@@ -14,6 +14,7 @@
 //                   registers for the whole block (no repeat_kv, no atomics: deterministic).
 //                   With ACCUM_DQ it also writes dS^T to shared memory and adds dQ += dS K into an
 //                   fp32 workspace with atomics (bwd_convert_dq then scales and casts it).
+//                   On Hopper, BWD_WGMMA=1 replaces that kernel's body with bwd_hopper.cuh's (wgmma).
 //   bwd_dq          the deterministic alternative: one block per (query tile, head, batch) loops over
 //                   the visible K/V tiles recomputing S, P, dP, dS with queries as MMA rows and
 //                   accumulates dQ in registers (no atomics; costs 2 extra GEMMs of the 5).
@@ -64,6 +65,9 @@
 #endif
 #ifndef BWD_TILED  // 1: bwd_dkdv_dq_atomic takes the 2-D warp-tiled body of bwd_tiled.cuh (d64/d128)
 #define BWD_TILED 0
+#endif
+#ifndef BWD_WGMMA  // 1: bwd_dkdv_dq_atomic takes the Hopper wgmma body of bwd_hopper.cuh (sm_90a, d64/d128)
+#define BWD_WGMMA 0
 #endif
 #ifndef MIN_BLOCKS  // __launch_bounds__ residency hint for bwd_dkdv
 #define MIN_BLOCKS 1
@@ -500,6 +504,9 @@ __device__ __forceinline__ void dkdv_body(
 #if BWD_TILED
 #include "bwd_tiled.cuh"
 #endif
+#if BWD_WGMMA
+#include "bwd_hopper.cuh"
+#endif
 
 #define HFP_DKDV_PARAMS                                                                                      \
   const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,      \
@@ -516,7 +523,9 @@ __device__ __forceinline__ void dkdv_body(
 
 // grid (ceil(max_seqlen_k / kBlockN), kv_heads, batch), kThreads threads.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
-#if BWD_TILED
+#if BWD_WGMMA
+  dkdv_wgmma_body(HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)
+#elif BWD_TILED
   dkdv_tiled_body(HFP_DKDV_ARGS);  // 2-D warp tiling of all five GEMMs (cuda/bwd_tiled.cuh)
 #else
   dkdv_body<true>(HFP_DKDV_ARGS);

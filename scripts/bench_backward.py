@@ -66,6 +66,37 @@ def _ours(q, k, v, dout, causal, deterministic):
     return lambda: backward.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
 
 
+def _ours_variant(q, k, v, dout, causal, variant):
+    """The non-deterministic backward with a named body of ``backward.VARIANTS`` (not the one in force)."""
+    import math
+
+    from hf_flashpatch.kernels import backward, forward
+    from hf_flashpatch.kernels.build import device_arch
+
+    out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
+                                         window_right=0 if causal else -1, softcap=None)  # fmt: skip
+    cfg = backward.BackwardConfig.choose(q.shape[-1], q.dtype, False, device_arch(q.device), variant=variant)
+    scale, right = 1.0 / math.sqrt(q.shape[-1]), 0 if causal else -1
+    return lambda: backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 0, 0, scale, -1, right,
+                                             0.0, False)  # fmt: skip
+
+
+def _other_bodies(head_dim: int) -> list:
+    """Bodies timed next to the one in force: the fastest mma.sync body and, on Hopper, the wgmma one."""
+    from hf_flashpatch.kernels import backward
+    from hf_flashpatch.kernels.build import device_arch
+
+    arch = device_arch(torch.device("cuda"))
+    in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch)
+    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma"]
+    picked = []
+    for name in names:
+        cfg = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, variant=name)
+        if cfg != in_force and name not in picked:
+            picked.append(name)
+    return picked
+
+
 def _retained_backward(forward_fn, q, k, v, dout):
     """Backward alone of a peer: autograd.grad on a forward graph kept alive across calls."""
     qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))  # (B, H, S, D) views
@@ -109,6 +140,8 @@ def run_kernels(results: list, quick: bool = False) -> None:
                          "ours_det": lambda: _ours(q, k, v, dout, causal, True),
                          "sdpa_flash": lambda: _sdpa(q, k, v, dout, causal, "flash"),
                          "sdpa_cudnn": lambda: _sdpa(q, k, v, dout, causal, "cudnn")}  # fmt: skip
+                for name in _other_bodies(head_dim):
+                    impls[f"ours:{name}"] = lambda name=name: _ours_variant(q, k, v, dout, causal, name)
                 if not quick and head_dim == 128 and seqlen in FLEX_SEQLENS:  # Flex compiles per shape (~20 s)
                     impls["flex"] = lambda: _flex(q, k, v, dout, causal)
                 panel = f"bwd d{head_dim} {'causal' if causal else 'full'}"
@@ -126,14 +159,15 @@ def run_kernels(results: list, quick: bool = False) -> None:
                         continue
                     speeds[name] = _bwd_tflops(batch, heads, seqlen, head_dim, causal, ms)
                     results.append(dict(base, series=name, value=speeds[name], ms=ms))
-                if "ours" in grads and "sdpa_flash" in grads:
-                    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads["ours"], grads["sdpa_flash"]))
-                    next(r for r in results if r is not None and r.get("series") == "ours" and r.get("panel") == panel
+                mine = [name for name in grads if name.startswith("ours") and name != "ours_det"]
+                for name in mine if "sdpa_flash" in grads else []:
+                    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads[name], grads["sdpa_flash"]))
+                    next(r for r in results if r is not None and r.get("series") == name and r.get("panel") == panel
                          and r.get("seqlen") == seqlen)["max_abs_grad_diff_vs_sdpa_flash"] = diff  # fmt: skip
-                if "ours" in speeds:
-                    for name, value in speeds.items():
-                        if name != "ours":
-                            results.append(dict(base, series=f"ours/{name}", value=speeds["ours"] / value, unit="ratio"))
+                for name in [m for m in mine if m in speeds]:
+                    for peer, value in speeds.items():
+                        if not peer.startswith("ours"):
+                            results.append(dict(base, series=f"{name}/{peer}", value=speeds[name] / value, unit="ratio"))
                 del q, k, v, dout, impls, grads
                 torch.cuda.empty_cache()
 

@@ -31,8 +31,10 @@ def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
     # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
     # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there; tiled_m128: 4, d64)
-    assert len(builds) == len(set(builds)) == 38
+    # + the wgmma body's 8 (d64/d128 x dtypes x softcap)
+    assert len(builds) == len(set(builds)) == 46
     assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 18
+    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 8
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
@@ -41,6 +43,8 @@ def test_all_backward_builds_compile_without_spills():
         assert set(spills) == ENTRIES, f"{build}: entries {sorted(spills)}"
         spilled = {name: s for name, s in spills.items() if s != (0, 0)}
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
+        # C7515: ptxas serialised the wgmma pipeline (an accumulator touched inside an async window)
+        assert "C7515" not in report, f"{build}: wgmma serialised:\n{report}"
 
 
 def _find_cuobjdump() -> str | None:
@@ -64,7 +68,11 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
         path = tmp_path / "bwd.cubin"
         path.write_bytes(compile_cubin(build)[0])
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
-        assert "HMMA.16816.F32" in sass, f"{build}: no m16n8k16 tensor-core MMA in the SASS"
+        assert "HMMA.16816.F32" in sass, f"{build}: no m16n8k16 tensor-core MMA in the SASS"  # bwd_dq, bwd_dkdv
+        if ("BWD_WGMMA", "1") in build.defines:
+            atomic = subprocess.run([cuobjdump, "-sass", "-fun", "bwd_dkdv_dq_atomic", str(path)], capture_output=True,
+                                    text=True, check=True).stdout  # fmt: skip
+            assert re.search(r"HGMMA\.64x128x16\.F32", atomic) and "HMMA" not in atomic, f"{build}: not on wgmma"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{build}: local-memory loads/stores in the SASS"
 
 

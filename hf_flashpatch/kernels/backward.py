@@ -76,7 +76,8 @@ class BackwardConfig:
     dq_warp_rows: int = 16  # query rows per warp in bwd_dkdv's dQ product; 32 halves its K re-reads
     arch: str = "sm_90a"
     # "default": the per-warp 16-key body of bwd_dkdv_dq_atomic; "tiled": cuda/bwd_tiled.cuh (all five
-    # GEMMs tiled 2-D over the 8 warps, P^T/dS^T through shared memory; d64/d128, non-deterministic only)
+    # GEMMs tiled 2-D over the 8 warps, P^T/dS^T through shared memory; d64/d128, non-deterministic only);
+    # "wgmma": cuda/bwd_hopper.cuh (two warpgroups, all five GEMMs on wgmma; sm_90a, d64/d128)
     body: str = "default"
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
@@ -110,6 +111,8 @@ class BackwardConfig:
         serves, overrides = VARIANTS[variant]
         if (head_dim, bool(softcap)) not in serves:
             return base
+        if overrides.get("body") == "wgmma" and arch != "sm_90a":  # warpgroup MMA exists on Hopper only
+            return _choose_fallback_for_arch(head_dim, dtype, softcap, arch)
         return _variant_fixups(dataclasses.replace(base, **overrides))
 
     @staticmethod
@@ -143,10 +146,18 @@ class BackwardConfig:
         )  # fmt: skip
         if self.body == "tiled":  # appended only here, so the default builds keep their cache keys
             defines += (("BWD_TILED", 1), ("TILED_BLOCK_M", self.tiled_block_m), ("TILED_UNROLL", self.tiled_unroll))
+        if self.body == "wgmma":
+            if self.arch != "sm_90a":
+                raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
+            defines += (("BWD_WGMMA", 1),)
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
         pad_d, pad_m = self.head_dim + 8, self.block_m + 8
+        if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
+            keys, queries = 128, 64
+            tiles = 2 * keys * self.head_dim + 4 * queries * self.head_dim + keys * queries  # K, V, Q/dO x2, dS^T
+            return 2 * tiles + 4 * 4 * queries + 1024
         if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
             m = self.tiled_block_m
             elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
@@ -171,6 +182,8 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     # FA2's d64 tile: 128-query steps (half the barriers per MMA; dQ warp tiles 64 x 16); 182 KB of shared
     # memory at d64, too much at d128 (and 128 live accumulator registers per warp there)
     "tiled_m128": (frozenset({(64, False), (64, True)}), {"body": "tiled", "tiled_unroll": 2, "tiled_block_m": 128}),
+    # Hopper (sm_90a): cuda/bwd_hopper.cuh, 2 warpgroups x 64 keys, 64-query steps, every GEMM on wgmma
+    "wgmma": (_TILED_DIMS, {"body": "wgmma"}),
 }
 
 
@@ -178,7 +191,14 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
 # (results/2026-11-29_9cf0ea0_backward-decode-variants, every variant passed the GPU test grid there):
 # d128 tiled 227 vs 217 TFLOP/s at 4k (+4%), 237 vs 224 at 16k (+5%); d64 tiled_m128 196 vs 190 at 4k
 # (+3%), 204 vs 196 at 16k (+4%). Other head dims keep the per-warp 16-key body.
-MEASURED_DEFAULT: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
+MEASURED_DEFAULT_MMA: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
+MEASURED_DEFAULT: dict[int, str] = dict(MEASURED_DEFAULT_MMA)
+
+
+def _choose_fallback_for_arch(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> BackwardConfig:
+    """Off Hopper, a wgmma variant request takes the mma.sync body measured fastest for the head dim."""
+    fallback = MEASURED_DEFAULT_MMA.get(head_dim, "default")
+    return BackwardConfig.choose(head_dim, dtype, softcap, arch, variant=fallback)
 
 
 def _variant_fixups(cfg: BackwardConfig) -> BackwardConfig:

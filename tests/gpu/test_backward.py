@@ -64,7 +64,8 @@ def _skip_unless_served(variant, head_dim, softcap=False):
 def _assert_variant_used(variant, head_dim, dtype, softcap=False):
     """The call under test really launches the variant's body (not the default it falls back to)."""
     cfg = bwd.BackwardConfig.choose(head_dim, dtype, bool(softcap))
-    want = "default" if variant == "default" or (head_dim, bool(softcap)) not in bwd.VARIANTS[variant][0] else "tiled"
+    served = variant != "default" and (head_dim, bool(softcap)) in bwd.VARIANTS[variant][0]
+    want = bwd.VARIANTS[variant][1].get("body", "default") if served else "default"
     assert cfg.body == want, f"{variant}: got body {cfg.body!r} for d{head_dim}"
 
 

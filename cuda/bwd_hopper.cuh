@@ -1,0 +1,311 @@
+// hf_flashpatch: the Hopper body of bwd_dkdv_dq_atomic (built with BWD_WGMMA=1, sm_90a; d64/d128):
+// all five GEMMs of a step on warpgroup MMA (wgmma).
+//
+// Layout as in bwd.cu: q/dO (batch, seqlen_q, heads, head_dim), k/v/dk/dv (batch, seqlen_k, kv_heads,
+// head_dim); varlen packs sequences along the token dim. One block of two warpgroups per (128-key tile,
+// KV head, batch) loops over the group's query heads and the visible 64-query tiles, as the other bodies.
+// Warpgroup w owns keys [64 w, 64 w + 64) of the tile, and their dK/dV in registers for the whole block.
+//
+// Per 64-query step, warpgroup w (shared-memory tiles in hopper.cuh's SW128 format):
+//   S^T  = K_w Q^T    wgmma 64 x 64, K and Q both K-major (head dim along their rows)
+//   dP^T = V_w dO^T   same
+//   P^T  = exp2(logit(S^T) - lse2), dS^T = P^T (dP^T - D) (softcap: times 1 - tanh^2), in registers
+//   dV  += P^T dO     wgmma 64 x D, P^T from registers (the accumulator layout is the A layout),
+//   dK  += dS^T Q     dO and Q read MN-major (the head dim, the output index, along their rows)
+//   dS^T -> shared memory (both warpgroups' 64-key halves form the 128 x 64 tile)
+//   dQ   = dS K       wgmma with A = dS^T's tile read MN-major (transposed by the tensor core) and B = K
+//                     MN-major: d128 splits dQ's columns, 64 per warpgroup; d64 (64 columns, one
+//                     wgmma n64) alternates the warpgroup that computes it from step to step.
+//                     dQ is added to the fp32 workspace with atomics, as in the other bodies.
+// Two barriers per step: (A) the step's Q/dO stage landed and both warpgroups retired the previous
+// step (so the other stage and the dS^T tile may be overwritten; the next prefetch is issued after
+// it), (B) both halves of dS^T are in shared memory.
+#pragma once
+#include "hopper.cuh"
+
+namespace hfp {
+namespace bwd {
+
+constexpr int kHBlockN = 128;  // keys per block: two warpgroups x 64
+constexpr int kHBlockM = 64;   // queries per step
+constexpr int kHSub = kD / 64;  // 64-column sub-tiles of a SW128 Q/K/V/dO tile
+constexpr int kHRowBytes = sm90::kSwizzleRowBytes;
+constexpr int kHKvBytes = kHBlockN * kD * 2;  // K or V tile
+constexpr int kHQBytes = kHBlockM * kD * 2;   // one stage of Q or dO
+constexpr int kHDsBytes = kHBlockN * kHBlockM * 2;  // dS^T: 128 keys x 64 queries = one 128-byte row per key
+constexpr int kHDqCols = 64;  // dQ columns per wgmma (d128: one half per warpgroup; d64: all of them)
+constexpr bool kHDqSplit = kD == 128;          // d128: both warpgroups every step; d64: alternate
+// d128: dK/dV (128 registers) + P^T/dS^T fragments (32) + dQ (32) spill (8 B with --use_fast_math), so dV and
+// dK retire before dQ is issued; d64 keeps all three products in flight together.
+constexpr bool kHRetireBeforeDq = kD == 128;
+static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
+static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
+
+// The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, 2 stages of Q and dO,
+// dS^T, and 2 stages of lse2 / D. hf_flashpatch/kernels/backward.py mirrors this sum.
+constexpr int kHSmemBytes = 2 * kHKvBytes + 4 * kHQBytes + kHDsBytes + 4 * kHBlockM * 4;
+
+template <int N>
+__device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+  if constexpr (N == 64) sm90::wgmma_ss_m64n64k16<kBf16>(d, a, b, accumulate);
+  else sm90::wgmma_ss_m64n128k16<kBf16>(d, a, b, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void h_mma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
+  if constexpr (N == 64) sm90::wgmma_rs_m64n64k16_tb<kBf16>(d, a, b, 1);
+  else sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, b, 1);
+}
+
+// Copy rows [0, kRows) of a (rows, head dim) matrix into a SW128 tile; rows >= valid_rows zero-filled.
+template <int kRows>
+__device__ __forceinline__ void h_load_tile(uint32_t tile, const T* gmem, int64_t row_stride, int valid_rows, int tid) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kRowStep = kThreads / kChunksPerRow;
+  static_assert(kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows walked 8-aligned keep one swizzle position");
+  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+  uint32_t dst = tile + (chunk / 8) * (kRows * kHRowBytes) + sm90::sw128_offset(row0, chunk % 8);
+#pragma unroll
+  for (int i = 0; i < kRows / kRowStep; ++i) {
+    const int row = row0 + i * kRowStep;
+    const bool ok = row < valid_rows;
+    cp_async_16(dst, gmem + (ok ? row * row_stride : 0) + chunk * 8, ok);
+    dst += kRowStep * kHRowBytes;
+  }
+}
+
+// (rows x 64) x (64 x cols) products over the head dim: a_rows / b_rows = the operands' tiles offset to
+// their first row, tile_rows = the rows of the whole tile (the sub-tile stride), K-major both.
+template <int N>
+__device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], uint32_t a_rows, int a_tile_rows, uint32_t b_rows,
+                                           int b_tile_rows) {
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    const uint32_t k_offset = (ks % 4) * 32;
+    const uint64_t da = sm90::sw128_descriptor(a_rows + (ks / 4) * (a_tile_rows * kHRowBytes) + k_offset, 16,
+                                               sm90::kSwizzleAtomBytes);
+    const uint64_t db = sm90::sw128_descriptor(b_rows + (ks / 4) * (b_tile_rows * kHRowBytes) + k_offset, 16,
+                                               sm90::kSwizzleAtomBytes);
+    h_mma_ss<N>(d, da, db, ks > 0);
+  }
+}
+
+// acc (64 keys x D) += A (64 keys x 64 queries, registers) * B (64 queries x D, SW128 tile read MN-major).
+__device__ __forceinline__ void h_issue_rs(float (&d)[kD / 2], const uint32_t (&a)[kHBlockM / 16][4], uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+    const uint64_t db = sm90::sw128_descriptor(b_tile + kk * 16 * kHRowBytes, kHBlockM * kHRowBytes,
+                                               sm90::kSwizzleAtomBytes);
+    h_mma_rs_tb<kD>(d, a[kk], db);
+  }
+}
+
+// Accumulator (64 x 64 per warpgroup, fp32) -> A fragments of the next product (b16 pairs).
+__device__ __forceinline__ void h_pack(uint32_t (&a)[kHBlockM / 16][4], const float (&acc)[kHBlockM / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+    a[kk][0] = Traits::pack2(acc[8 * kk + 0], acc[8 * kk + 1]);
+    a[kk][1] = Traits::pack2(acc[8 * kk + 2], acc[8 * kk + 3]);
+    a[kk][2] = Traits::pack2(acc[8 * kk + 4], acc[8 * kk + 5]);
+    a[kk][3] = Traits::pack2(acc[8 * kk + 6], acc[8 * kk + 7]);
+  }
+}
+
+__device__ __forceinline__ void dkdv_wgmma_body(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+    const float* __restrict__ lse2_ws, const float* __restrict__ dvec_ws, float* __restrict__ dq_accum,
+    T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss,
+    int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads,
+    int rows_pad, float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right) {
+  using namespace sm90;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t base = (raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
+  const uint32_t k_t = base;                       // SW128 (128 keys, D)
+  const uint32_t v_t = k_t + kHKvBytes;            // SW128 (128 keys, D)
+  const uint32_t q_t = v_t + kHKvBytes;            // (2 stages, SW128 (64 queries, D))
+  const uint32_t do_t = q_t + 2 * kHQBytes;        // (2 stages, SW128 (64 queries, D))
+  const uint32_t ds_t = do_t + 2 * kHQBytes;       // SW128 (128 keys, 64 queries): dS^T
+  float* lse_s = reinterpret_cast<float*>(smem_raw + (ds_t + kHDsBytes - raw));  // (2, 64)
+  float* dvec_s = lse_s + 2 * kHBlockM;                                          // (2, 64)
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
+  const int n0 = n_block * kHBlockN;
+  if (n0 >= sk.y) return;
+  const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};
+  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const int group = heads / kv_heads;
+  const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
+
+  h_load_tile<kHBlockN>(k_t, k + b * k_sb + int64_t(sk.x + n0) * k_ss + hk * k_sh, k_ss, sk.y - n0, tid);
+  h_load_tile<kHBlockN>(v_t, v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh, v_ss, sk.y - n0, tid);
+  cp_async_commit();
+
+  const int2 mr = vis.query_range(n0, min(n0 + kHBlockN, sk.y));
+  const int m_first = max(mr.x, 0) / kHBlockM;
+  const int m_count = mr.y > mr.x ? (mr.y - m_first * kHBlockM + kHBlockM - 1) / kHBlockM : 0;
+  const int steps = m_count * group;
+
+  auto load_q_side = [&](int step, int stage) {
+    const int h = hk * group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kHBlockM;
+    h_load_tile<kHBlockM>(q_t + stage * kHQBytes, q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh, q_ss,
+                          sq.y - m0, tid);
+    h_load_tile<kHBlockM>(do_t + stage * kHQBytes, dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh, do_ss,
+                          sq.y - m0, tid);
+    const int64_t ws = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0;
+    if (tid < kHBlockM) {
+      cp_async_4(smem_addr(lse_s + stage * kHBlockM + tid), lse2_ws + ws + tid);
+    } else if (tid < 2 * kHBlockM) {
+      cp_async_4(smem_addr(dvec_s + stage * kHBlockM + tid - kHBlockM), dvec_ws + ws + tid - kHBlockM);
+    }
+  };
+
+  float dv_acc[kD / 2], dk_acc[kD / 2];  // (64 keys x D) per warpgroup, accumulator layout
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+  const int key_w = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row within the tile (+8: second)
+
+  if (steps > 0) load_q_side(0, 0);
+  cp_async_commit();
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();  // (A)
+    if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
+    cp_async_commit();
+
+    const int h = hk * group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kHBlockM;
+    const uint32_t qs = q_t + stage * kHQBytes, dos = do_t + stage * kHQBytes;
+    const float* lses = lse_s + stage * kHBlockM;
+    const float* dvs = dvec_s + stage * kHBlockM;
+
+    // ---- S^T, dP^T (64 keys x 64 queries per warpgroup)
+    float s[kHBlockM / 2], dp[kHBlockM / 2];
+    fence_operands(s);
+    fence_operands(dp);
+    wgmma_fence();
+    h_issue_nt<kHBlockM>(s, k_t + wg * 64 * kHRowBytes, kHBlockN, qs, kHBlockM);
+    h_issue_nt<kHBlockM>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos, kHBlockM);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+
+    // ---- P^T, dS^T in registers; dS^T also to shared memory for dQ
+    const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
+#pragma unroll
+    for (int j = 0; j < kHBlockM / 8; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = j * 8 + 2 * t4 + (r & 1);  // query within the step
+        const int key = key_w + (r >> 1) * 8;      // key within the block
+        float dt = 1.f;
+        float x = exp2f(sc.logit(s[4 * j + r], &dt) - lses[col]);
+        if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
+        s[4 * j + r] = x;
+        dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
+      }
+      *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w, j) + 4 * t4) =
+          Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
+      *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w + 8, j) + 4 * t4) =
+          Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
+    }
+    uint32_t p_frag[kHBlockM / 16][4], ds_frag[kHBlockM / 16][4];
+    h_pack(p_frag, s);
+    h_pack(ds_frag, dp);
+
+    // ---- dV += P^T dO, dK += dS^T Q (asynchronous; retired after dQ)
+    fence_operands(dv_acc);
+    fence_operands(dk_acc);
+    wgmma_fence();
+    h_issue_rs(dv_acc, p_frag, dos);
+    h_issue_rs(dk_acc, ds_frag, qs);
+    wgmma_commit();
+    fence_operands(dv_acc);
+    fence_operands(dk_acc);
+
+    fence_proxy_async_shared();  // dS^T written by plain stores, read by the tensor cores
+    __syncthreads();             // (B)
+    if constexpr (kHRetireBeforeDq) {
+      wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
+      fence_operands(dv_acc);
+      fence_operands(dk_acc);
+#pragma unroll
+      for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+        fence_operands(p_frag[kk]);
+        fence_operands(ds_frag[kk]);
+      }
+    }
+
+    // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
+    const bool dq_here = kHDqSplit || (step & 1) == wg;
+    float dq[kHDqCols / 2];
+    if (dq_here) {
+      const uint32_t k_cols = k_t + (kHDqSplit ? wg : 0) * (kHBlockN * kHRowBytes);  // this warpgroup's columns
+      fence_operands(dq);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kHBlockN / 16; ++kk) {
+        const uint64_t da = sw128_descriptor(ds_t + kk * 16 * kHRowBytes, kHDsBytes, kSwizzleAtomBytes);
+        const uint64_t db = sw128_descriptor(k_cols + kk * 16 * kHRowBytes, kHKvBytes, kSwizzleAtomBytes);
+        sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();  // dV, dK (and dQ) retired: their register operands may be reused
+    fence_operands(dv_acc);
+    fence_operands(dk_acc);
+#pragma unroll
+    for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+      fence_operands(p_frag[kk]);
+      fence_operands(ds_frag[kk]);
+    }
+    if (dq_here) {
+      fence_operands(dq);
+      const int q_row = (warp & 3) * 16 + g;  // query within the step
+      const int col0 = kHDqSplit ? wg * 64 : 0;
+      const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
+      float* dst = dq_accum + ws_row * kD + col0;
+#pragma unroll
+      for (int j = 0; j < kHDqCols / 8; ++j) {
+        const int col = j * 8 + 2 * t4;
+        if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
+        if (m0 + q_row + 8 < sq.y)
+          atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
+  const int64_t row8 = int64_t(8) * kv_heads * kD;
+  const int key = n0 + key_w;
+  const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
+  T* dk_row = dk + (tok * kv_heads + hk) * kD;
+  T* dv_row = dv + (tok * kv_heads + hk) * kD;
+#pragma unroll
+  for (int j = 0; j < kD / 8; ++j) {
+    const int col = j * 8 + 2 * t4;
+    if (key < sk.y) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          Traits::pack2(dk_acc[4 * j] * softmax_scale, dk_acc[4 * j + 1] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[4 * j], dv_acc[4 * j + 1]);
+    }
+    if (key + 8 < sk.y) {
+      *reinterpret_cast<uint32_t*>(dk_row + row8 + col) =
+          Traits::pack2(dk_acc[4 * j + 2] * softmax_scale, dk_acc[4 * j + 3] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[4 * j + 2], dv_acc[4 * j + 3]);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace hfp
