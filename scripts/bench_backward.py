@@ -10,7 +10,7 @@
    ``ours_det`` is ``deterministic=True`` (separate dQ pass, no atomics).
 2. Fine-tuning tokens/s of a Llama-3.2-1B-shaped model (hidden 2048, 32 query / 8 KV heads of 64,
    bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``.
-3. ``--max-seqlen``: the longest sequence (multiple of 1024, binary search) for which one training step
+3. ``--max-seqlen``: the longest sequence (multiple of 4096 up to 160k, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
 4. ``--sweep``: every named body of ``backward.VARIANTS`` (the ones ``HF_FLASHPATCH_BWD_VARIANT`` selects) at
@@ -267,21 +267,30 @@ def _train_step(model, seqlen: int) -> None:
 
 
 def run_training(results: list, quick: bool = False) -> None:
+    """Tokens/s of forward + backward steps: ``sdpa`` (torch picks its kernel, as in a user's run),
+    ``sdpa[flash]`` (the same model with SDPA held to its flash backend) and ``hfpatch``."""
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from hf_flashpatch import ATTN_NAME
 
     layers = 4 if quick else 16
-    for attn in ("sdpa", ATTN_NAME):
+    series = (("sdpa", "sdpa", nullcontext), ("sdpa[flash]", "sdpa", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
+              (ATTN_NAME, ATTN_NAME, nullcontext))  # fmt: skip
+    for name, attn, context in series:
         model = _llama_1b(layers, attn)
         for seqlen in (4096, 16384):
-            _train_step(model, seqlen)  # warm-up (kernel load, allocator)
-            torch.cuda.synchronize()
-            steps = 3
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                _train_step(model, seqlen)
-            torch.cuda.synchronize()
+            with context():
+                _train_step(model, seqlen)  # warm-up (kernel load, allocator)
+                torch.cuda.synchronize()
+                steps = 3
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    _train_step(model, seqlen)
+                torch.cuda.synchronize()
             tok_s = steps * seqlen / (time.perf_counter() - t0)
-            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd", series=attn,
+            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd", series=name,
                                 seqlen=seqlen, head_dim=64, causal=True, x=seqlen, value=tok_s, unit="tokens/s"))  # fmt: skip
         del model
         torch.cuda.empty_cache()
@@ -301,24 +310,25 @@ def _fits(attn: str, seqlen: int) -> bool:
         torch.cuda.empty_cache()
 
 
-def run_max_seqlen(results: list, limit: int = 1 << 18) -> None:
-    """Binary search (multiples of 1024, up to ``limit``) of the longest sequence one checkpointed training
+def run_max_seqlen(results: list, limit: int = 160 * 1024, unit: int = 4096) -> None:
+    """Binary search (multiples of ``unit``, up to ``limit``) of the longest sequence one checkpointed training
     step fits. With a 128k vocabulary the full logits (and their fp32 loss) take ~10 bytes x 128k per
-    token, so the LM head, not attention, may set the limit for both implementations."""
+    token, so the LM head, not attention, may set the limit for both implementations. A result equal to
+    ``limit`` means "at least"."""
     from hf_flashpatch import ATTN_NAME
 
     for attn in ("sdpa", ATTN_NAME):
-        lo, hi = 0, limit // 1024  # in units of 1024 tokens; lo fits (0 trivially), hi is the search cap
+        lo, hi = 0, limit // unit  # in units; lo fits (0 trivially), hi is the search cap
         t0 = time.perf_counter()
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if _fits(attn, mid * 1024):
+            if _fits(attn, mid * unit):
                 lo = mid
             else:
                 hi = mid - 1
         results.append(dict(part="backward", panel="max seqlen, llama-1b-shape + grad checkpointing", series=attn,
-                            seqlen=lo * 1024, head_dim=64, causal=True, x=0, value=float(lo * 1024), unit="tokens",
-                            search_s=time.perf_counter() - t0))  # fmt: skip
+                            seqlen=lo * unit, head_dim=64, causal=True, x=0, value=float(lo * unit), unit="tokens",
+                            search_cap=limit, search_s=time.perf_counter() - t0))  # fmt: skip
 
 
 def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False) -> None:

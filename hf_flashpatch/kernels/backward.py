@@ -19,11 +19,13 @@ Launch sequence (one stream):
 
 Variants: ``$HF_FLASHPATCH_BWD_VARIANT`` (read by :meth:`BackwardConfig.choose` on every call) names a
 body from :data:`VARIANTS`: ``default`` (the per-warp 16-key body; used when unset for head dims
-other than 64/128, which take :data:`MEASURED_DEFAULT`, the fastest in the H200 sweep),
+other than 64/128, which take :data:`MEASURED_DEFAULT`, the fastest in the H200 sweeps),
 ``tiled`` / ``tiled_u1`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of all five GEMMs, d64/d128),
-``tiled_m128`` (the same with 128-query steps, d64). A variant that does not serve a head dim / softcap
-falls back to the default body; ``deterministic=True`` always takes the default body's two-kernel path.
-An unknown name raises ``ValueError``.
+``tiled_m128`` (the same with 128-query steps, d64), ``wgmma`` (``cuda/bwd_hopper.cuh``: every GEMM on
+Hopper's warpgroup MMA; sm_90a only, the default there for d64/d128; other GPUs take the fastest
+mma.sync body instead). A variant that does not serve a head dim / softcap falls back to the default
+body; ``deterministic=True`` always takes the default body's two-kernel path. An unknown name raises
+``ValueError``.
 
 Fallback: calls the kernels cannot serve (CPU, fp32, head dims other than 32/64/96/128/256, no
 pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) raise :class:`KernelUnsupported` from
@@ -192,7 +194,10 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
 # d128 tiled 227 vs 217 TFLOP/s at 4k (+4%), 237 vs 224 at 16k (+5%); d64 tiled_m128 196 vs 190 at 4k
 # (+3%), 204 vs 196 at 16k (+4%). Other head dims keep the per-warp 16-key body.
 MEASURED_DEFAULT_MMA: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
-MEASURED_DEFAULT: dict[int, str] = dict(MEASURED_DEFAULT_MMA)
+# On Hopper the wgmma body wins everywhere it serves (results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates,
+# --quick, TFLOP/s vs the mma.sync default): d128 292 vs 218 (2k) and 336 vs 234 (16k) non-causal, 242 vs 184 and
+# 337 vs 235 causal; d64 237-262 vs 164-205. Elsewhere choose() maps it back to MEASURED_DEFAULT_MMA.
+MEASURED_DEFAULT: dict[int, str] = {64: "wgmma", 128: "wgmma"}
 
 
 def _choose_fallback_for_arch(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> BackwardConfig:

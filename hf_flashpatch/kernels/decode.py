@@ -124,11 +124,13 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
 }
 
 
-# The variant used when the environment names none: the fastest of the H200 sweep
-# (results/2026-11-29_9cf0ea0_backward-decode-variants; all variants passed the GPU tests there):
-# 512-byte coalesced row loads, 4.45 / 4.36 / 4.41 TB/s contiguous / paged 16 / paged 256 at 64x4096
-# against the original's 3.29 / 3.31 / 3.40 and SDPA cuDNN's 4.52.
-DEFAULT_VARIANT = "coalesced"
+# The variant used when the environment names none. History: "coalesced" (512-byte coalesced row loads)
+# won the first sweep (results/2026-11-29_9cf0ea0_backward-decode-variants: 4.45 / 4.36 / 4.41 TB/s
+# contiguous / paged 16 / paged 256 at 64x4096 against the original's 3.29 / 3.31 / 3.40). Its one cell
+# under 0.95x cuDNN, paged 16 at 16x32768 (0.938), rose to 0.952 with "ahead_waves2" (page ids read one
+# tile early, split grids of about two waves) in results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates;
+# every other cell moved by less than 0.7 % (contiguous 16x32768: 0.974 -> 0.968).
+DEFAULT_VARIANT = "ahead_waves2"
 
 
 def selected_variant() -> str:
