@@ -9,7 +9,9 @@
 // Per 64-query step, warpgroup w (shared-memory tiles in hopper.cuh's SW128 format):
 //   S^T  = K_w Q^T    wgmma 64 x 64, K and Q both K-major (head dim along their rows)
 //   dP^T = V_w dO^T   same
-//   P^T  = exp2(logit(S^T) - lse2), dS^T = P^T (dP^T - D) (softcap: times 1 - tanh^2), in registers
+//   P^T  = exp2(logit(S^T) - lse2), dS^T = P^T (dP^T - D) (softcap: times 1 - tanh^2), in registers;
+//                     pipelined (no softcap): P^T is formed while dP^T is still running, and dV += P^T dO
+//                     is issued before dS^T is formed
 //   dV  += P^T dO     wgmma 64 x D, P^T from registers (the accumulator layout is the A layout),
 //   dK  += dS^T Q     dO and Q read MN-major (the head dim, the output index, along their rows)
 //   dS^T -> shared memory (both warpgroups' 64-key halves form the 128 x 64 tile)
@@ -38,6 +40,10 @@ constexpr bool kHDqSplit = kD == 128;          // d128: both warpgroups every st
 // d128: dK/dV (128 registers) + P^T/dS^T fragments (32) + dQ (32) spill (8 B with --use_fast_math), so dV and
 // dK retire before dQ is issued; d64 keeps all three products in flight together.
 constexpr bool kHRetireBeforeDq = kD == 128;
+#ifndef BWD_WGMMA_PIPELINED  // 1: P^T is formed while dP^T runs, dS^T while dV runs (not with softcap)
+#define BWD_WGMMA_PIPELINED 1
+#endif
+constexpr bool kHPipelined = BWD_WGMMA_PIPELINED != 0 && !HAS_SOFTCAP;
 static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
@@ -187,48 +193,84 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     const float* lses = lse_s + stage * kHBlockM;
     const float* dvs = dvec_s + stage * kHBlockM;
 
-    // ---- S^T, dP^T (64 keys x 64 queries per warpgroup)
+    // ---- S^T, dP^T (64 keys x 64 queries per warpgroup), one wgmma group each
     float s[kHBlockM / 2], dp[kHBlockM / 2];
+    uint32_t p_frag[kHBlockM / 16][4], ds_frag[kHBlockM / 16][4];
     fence_operands(s);
     fence_operands(dp);
     wgmma_fence();
     h_issue_nt<kHBlockM>(s, k_t + wg * 64 * kHRowBytes, kHBlockN, qs, kHBlockM);
+    wgmma_commit();
     h_issue_nt<kHBlockM>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos, kHBlockM);
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s);
-    fence_operands(dp);
-
-    // ---- P^T, dS^T in registers; dS^T also to shared memory for dQ
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
-#pragma unroll
-    for (int j = 0; j < kHBlockM / 8; ++j) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int col = j * 8 + 2 * t4 + (r & 1);  // query within the step
-        const int key = key_w + (r >> 1) * 8;      // key within the block
-        float dt = 1.f;
-        float x = exp2f(sc.logit(s[4 * j + r], &dt) - lses[col]);
-        if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
-        s[4 * j + r] = x;
-        dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
-      }
+    // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row).
+    auto store_ds = [&](int j) {
       *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w, j) + 4 * t4) =
           Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
       *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w + 8, j) + 4 * t4) =
           Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
-    }
-    uint32_t p_frag[kHBlockM / 16][4], ds_frag[kHBlockM / 16][4];
-    h_pack(p_frag, s);
-    h_pack(ds_frag, dp);
+    };
 
-    // ---- dV += P^T dO, dK += dS^T Q (asynchronous; retired after dQ)
     fence_operands(dv_acc);
     fence_operands(dk_acc);
-    wgmma_fence();
-    h_issue_rs(dv_acc, p_frag, dos);
-    h_issue_rs(dk_acc, ds_frag, qs);
-    wgmma_commit();
+    if constexpr (kHPipelined) {
+      // P^T while dP^T is still on the tensor cores, then dV += P^T dO while dS^T is formed.
+      wgmma_wait<1>();
+      fence_operands(s);
+#pragma unroll
+      for (int j = 0; j < kHBlockM / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = j * 8 + 2 * t4 + (r & 1);  // query within the step
+          const int key = key_w + (r >> 1) * 8;      // key within the block
+          float x = exp2f(s[4 * j + r] * scale_log2 - lses[col]);
+          if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
+          s[4 * j + r] = x;
+        }
+      }
+      h_pack(p_frag, s);
+      wgmma_fence();
+      h_issue_rs(dv_acc, p_frag, dos);
+      wgmma_commit();
+      wgmma_wait<1>();  // dP^T retired (dV may still run)
+      fence_operands(dp);
+#pragma unroll
+      for (int j = 0; j < kHBlockM / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dp[4 * j + r] = s[4 * j + r] * (dp[4 * j + r] - dvs[j * 8 + 2 * t4 + (r & 1)]);
+        store_ds(j);
+      }
+      h_pack(ds_frag, dp);
+      wgmma_fence();
+      h_issue_rs(dk_acc, ds_frag, qs);
+      wgmma_commit();
+    } else {
+      // Softcap: 1 - tanh^2 of each score is needed for dS^T, so P^T and dS^T are formed in one pass.
+      wgmma_wait<0>();
+      fence_operands(s);
+      fence_operands(dp);
+#pragma unroll
+      for (int j = 0; j < kHBlockM / 8; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int col = j * 8 + 2 * t4 + (r & 1);
+          const int key = key_w + (r >> 1) * 8;
+          float dt = 1.f;
+          float x = exp2f(sc.logit(s[4 * j + r], &dt) - lses[col]);
+          if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
+          s[4 * j + r] = x;
+          dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
+        }
+        store_ds(j);
+      }
+      h_pack(p_frag, s);
+      h_pack(ds_frag, dp);
+      wgmma_fence();
+      h_issue_rs(dv_acc, p_frag, dos);
+      h_issue_rs(dk_acc, ds_frag, qs);
+      wgmma_commit();
+    }
     fence_operands(dv_acc);
     fence_operands(dk_acc);
 

@@ -8,6 +8,7 @@ bytes of spill stores and loads, and the SASS must hold m16n8k16 HMMA and no loc
 cuobjdump is at hand).
 """
 
+import dataclasses
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from ptxas_report import spills_by_entry
 
+from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.backward import all_builds
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 
@@ -31,10 +33,10 @@ def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
     # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
     # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there; tiled_m128: 4, d64)
-    # + the wgmma body's 8 (d64/d128 x dtypes x softcap)
-    assert len(builds) == len(set(builds)) == 46
+    # + the wgmma body's 8 (d64/d128 x dtypes x softcap) + wgmma_serial's 4 (no softcap)
+    assert len(builds) == len(set(builds)) == 50
     assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 18
-    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 8
+    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 12
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
@@ -154,16 +156,26 @@ def test_autograd_registered_whichever_module_is_imported_first():
 
 def test_variant_selection_by_environment(monkeypatch):
     """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset takes the measured
-    best per head dim (tiled at d128, tiled_m128 at d64, the default body elsewhere, whose macros and so
-    cache keys are unchanged); an unknown name is refused naming it."""
+    best per head dim (on sm_90a the wgmma body at d64/d128; elsewhere tiled at d128 and tiled_m128 at d64;
+    the default body for other head dims, whose macros and so cache keys are unchanged); an unknown name
+    is refused naming it."""
     import torch
 
     from hf_flashpatch.kernels.backward import VARIANT_ENV, BackwardConfig
 
     monkeypatch.delenv(VARIANT_ENV, raising=False)
-    assert BackwardConfig.choose(128, torch.bfloat16, False) == BackwardConfig.choose(128, torch.bfloat16, False,
-                                                                                      variant="tiled")  # fmt: skip
-    assert BackwardConfig.choose(64, torch.bfloat16, False).tiled_block_m == 128
+    for head_dim in (64, 128):
+        hopper = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_90a")
+        assert hopper.body == "wgmma" and ("BWD_WGMMA", "1") in hopper.build().defines
+        ampere = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_80")
+        assert ampere.body == "tiled" and ampere.arch == "sm_80"
+    assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_80") == BackwardConfig.choose(
+        128, torch.bfloat16, False, "sm_80", variant="tiled")  # fmt: skip
+    assert BackwardConfig.choose(64, torch.bfloat16, False, "sm_80").tiled_block_m == 128
+    monkeypatch.setenv(VARIANT_ENV, "wgmma")  # asked for on a GPU without wgmma: the mma.sync best instead
+    assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_86").body == "tiled"
+    with pytest.raises(KernelUnsupported, match="sm_90a"):
+        dataclasses.replace(BackwardConfig.choose(128, torch.bfloat16, False), arch="sm_80").build()
     default = BackwardConfig.choose(96, torch.bfloat16, False)
     assert default.body == "default" and not any(name == "BWD_TILED" for name, _ in default.build().defines)
     explicit = BackwardConfig.choose(128, torch.bfloat16, False, variant="default")

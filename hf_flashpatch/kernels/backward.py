@@ -83,6 +83,7 @@ class BackwardConfig:
     body: str = "default"
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
+    wgmma_pipelined: bool = True  # wgmma body: form P^T while dP^T runs and dS^T while dV runs (no softcap)
 
     @property
     def block_n(self) -> int:
@@ -151,7 +152,7 @@ class BackwardConfig:
         if self.body == "wgmma":
             if self.arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
-            defines += (("BWD_WGMMA", 1),)
+            defines += (("BWD_WGMMA", 1),) + (() if self.wgmma_pipelined else (("BWD_WGMMA_PIPELINED", 0),))
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
@@ -186,6 +187,8 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     "tiled_m128": (frozenset({(64, False), (64, True)}), {"body": "tiled", "tiled_unroll": 2, "tiled_block_m": 128}),
     # Hopper (sm_90a): cuda/bwd_hopper.cuh, 2 warpgroups x 64 keys, 64-query steps, every GEMM on wgmma
     "wgmma": (_TILED_DIMS, {"body": "wgmma"}),
+    # the same with one wait for S^T and dP^T and one pass forming P^T and dS^T (as measured in 19dc1b8)
+    "wgmma_serial": (frozenset({(64, False), (128, False)}), {"body": "wgmma", "wgmma_pipelined": False}),
 }
 
 
