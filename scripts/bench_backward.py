@@ -82,13 +82,13 @@ def _ours_variant(q, k, v, dout, causal, variant):
 
 
 def _other_bodies(head_dim: int) -> list:
-    """Bodies timed next to the one in force: the fastest mma.sync body and, on Hopper, the wgmma one."""
+    """Bodies timed next to the one in force: the fastest mma.sync body and, on Hopper, the wgmma ones."""
     from hf_flashpatch.kernels import backward
     from hf_flashpatch.kernels.build import device_arch
 
     arch = device_arch(torch.device("cuda"))
     in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch)
-    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma"]
+    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_serial"]
     picked = []
     for name in names:
         cfg = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, variant=name)
@@ -361,8 +361,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k, no Flex (compile time), 4-layer model")
     parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
+    parser.add_argument("--max-seqlen-only", action="store_true", help="only that search (no kernel or training rows)")
     parser.add_argument("--sweep", action="store_true", help="also time every backward.VARIANTS body (4k, 16k) and the SWEEP_CANDIDATES configs (4k)")
     args = parser.parse_args()
     rows: list = []
-    run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep)
+    if args.max_seqlen_only:
+        run_max_seqlen(rows)
+    else:
+        run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep)
     _print(rows)
