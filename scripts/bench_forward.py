@@ -92,8 +92,8 @@ def run(results: list, quick: bool = False) -> None:
                 if head_dim == 128 and seqlen in ((2048,) if quick else (2048, 16384)):
                     peers["flex"] = _flex(q, k, v, causal)
                 ours_variants = {"ours": _ours(q, k, v, causal)}
-                for variant in _other_variants(head_dim):  # the non-default bodies, timed in the same process
-                    ours_variants[f"ours:{variant}"] = _ours(q, k, v, causal, _variant_shape(head_dim, variant))
+                for variant in _other_variants(head_dim, causal):  # the other bodies, timed in the same process
+                    ours_variants[f"ours:{variant}"] = _ours(q, k, v, causal, _variant_shape(head_dim, variant, causal))
                 reference = peers["sdpa_flash"]().transpose(1, 2).float()  # (B, S, H, D)
                 max_diffs = {name: (fn()[0].float() - reference).abs().max().item() for name, fn in ours_variants.items()}
                 panel = f"fwd d{head_dim} {'causal' if causal else 'full'}"
@@ -125,21 +125,21 @@ def _arch() -> str:
     return device_arch(torch.device("cuda"))
 
 
-def _variant_shape(head_dim: int, variant: str):
+def _variant_shape(head_dim: int, variant: str, causal: bool):
     from hf_flashpatch.kernels.tiles import forward_tile_shape
 
-    return forward_tile_shape(head_dim, _arch(), variant)
+    return forward_tile_shape(head_dim, _arch(), variant, has_mask=causal)
 
 
-def _other_variants(head_dim: int) -> list:
-    """Forward variants other than the one in force that give this head dim a different body."""
+def _other_variants(head_dim: int, causal: bool) -> list:
+    """Forward variants other than the one in force that give this problem a different body."""
     from hf_flashpatch.kernels.tiles import VARIANTS, selected_variant
 
-    default = _variant_shape(head_dim, selected_variant())
+    default = _variant_shape(head_dim, selected_variant(), causal)
     others = []
     for variant in VARIANTS:
-        shape = _variant_shape(head_dim, variant)
-        if shape != default and shape not in [_variant_shape(head_dim, o) for o in others]:
+        shape = _variant_shape(head_dim, variant, causal)
+        if shape != default and shape not in [_variant_shape(head_dim, o, causal) for o in others]:
             others.append(variant)
     return others
 
@@ -157,7 +157,7 @@ def sweep_tiles(results: list, seqlen: int = 4096) -> None:
                 max_diff = (fn()[0].float() - reference).abs().max().item()
                 ms = _time_ms(fn)
                 results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape), head_dim=head_dim,
-                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim, _arch()),
+                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim, _arch(), has_mask=causal),
                                     value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s",
                                     max_abs_diff_vs_sdpa_flash=max_diff))  # fmt: skip
 

@@ -108,9 +108,16 @@ def test_all_builds_cover_every_variant_dtype_head_dim_and_mask():
         return b.source, dict(b.defines).get("OVERLAP"), dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]
 
     configs = {key(b) for b in BUILDS}
-    hopper_head_dims = sum(len(shapes) for shapes in HOPPER_VARIANTS.values())
-    assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + hopper_head_dims) * 2 * 2
+    # mma.sync: every head dim; wgmma: the plain and the overlapped body at d64/d128; x dtypes x masking
+    assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + 2 * 2) * 2 * 2
     assert set(VARIANTS) == {"mma", *HOPPER_VARIANTS}
+
+
+def test_default_hopper_variant_picks_the_overlapped_body_for_masked_d128_only():
+    plain = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=False)
+    masked = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=True)
+    assert plain.wgmma and not plain.overlap and masked.wgmma and masked.overlap
+    assert not forward_tile_shape(64, "sm_90a", "wgmma", has_mask=True).overlap
 
 
 def test_wgmma_body_only_on_sm90a():
@@ -125,7 +132,7 @@ def test_wgmma_body_only_on_sm90a():
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_tile_shapes_are_valid_and_fit_shared_memory(head_dim):
-    shapes = [forward_tile_shape(head_dim, "sm_90a", variant) for variant in VARIANTS]
+    shapes = [forward_tile_shape(head_dim, "sm_90a", variant, m) for variant in VARIANTS for m in (False, True)]
     for shape in (*shapes, *CANDIDATE_SHAPES.get(head_dim, ())):
         config = ForwardConfig.for_problem(head_dim, "bf16", True, shape)  # validates divisibility
         assert config.shared_bytes <= 232448, config

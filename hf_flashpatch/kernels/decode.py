@@ -121,6 +121,7 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
     "waves2": {"coalesced_loads": True, "min_waves": 2},
     "waves4": {"coalesced_loads": True, "min_waves": 4},
     "ahead_waves2": {"coalesced_loads": True, "index_ahead": True, "min_waves": 2},
+    "ahead_waves4": {"coalesced_loads": True, "index_ahead": True, "min_waves": 4},
 }
 
 

@@ -95,7 +95,7 @@ class ForwardConfig:
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
                     arch: str = "sm_80"):  # fmt: skip
-        shape = shape or forward_tile_shape(head_dim, arch)
+        shape = shape or forward_tile_shape(head_dim, arch, has_mask=has_mask)
         return cls(
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
@@ -146,7 +146,7 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
         for dtype in ("bf16", "fp16"):
             for head_dim in SUPPORTED_HEAD_DIMS:
                 for has_mask in (False, True):
-                    shape = forward_tile_shape(head_dim, arch, variant)
+                    shape = forward_tile_shape(head_dim, arch, variant, has_mask)
                     build = ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch).build(arch)
                     if build not in builds:
                         builds.append(build)

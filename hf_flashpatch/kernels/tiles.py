@@ -36,17 +36,18 @@ class TileShape:
 
 
 # Hopper bodies by name (head dims 64 and 128 on sm_90a); "mma" = the mma.sync table below everywhere.
-HOPPER_VARIANTS: dict[str, dict[int, TileShape]] = {
-    # two consumer warpgroups x 64 rows, 128-key tiles, double-buffered K/V, one product at a time
-    "wgmma": {
-        64: TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
-        128: TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
-    },
-    # the same with P V of tile i overlapping the softmax of tile i + 1 (second score buffer, 3 stages)
-    "wgmma_overlap": {
-        64: TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
-        128: TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True),
-    },
+# A head dim maps to one shape, or to a pair (shape without masking, shape with causal / window masking).
+_WGMMA = TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True)
+_WGMMA_OVERLAP = TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True)
+HOPPER_VARIANTS: dict[str, dict[int, TileShape | tuple[TileShape, TileShape]]] = {
+    # two consumer warpgroups x 64 rows, 128-key tiles; masked d128 takes the overlapped body, which was
+    # faster there at every seqlen (results/2026-11-29_d59d460_final: 192-451 vs 99-439 TFLOP/s causal,
+    # 512..16k), while the plain body wins unmasked d128 (441-471 vs 414-461) and d64 either way
+    "wgmma": {64: _WGMMA, 128: (_WGMMA, _WGMMA_OVERLAP)},
+    # the plain body everywhere: one product at a time, double-buffered K/V
+    "wgmma_plain": {64: _WGMMA, 128: _WGMMA},
+    # P V of tile i overlapping the softmax of tile i + 1 everywhere (second score buffer, 3 stages)
+    "wgmma_overlap": {64: _WGMMA_OVERLAP, 128: _WGMMA_OVERLAP},
 }
 VARIANTS = ("mma",) + tuple(HOPPER_VARIANTS)
 DEFAULT_VARIANT = "wgmma"  # measured: 1.2-1.4x the mma body at d64/d128 (results/2026-11-29_2857bbe_wgmma-forward)
@@ -61,12 +62,14 @@ def selected_variant() -> str:
     return name
 
 
-def forward_tile_shape(head_dim: int, arch: str = "sm_80", variant: str | None = None) -> TileShape:
-    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes, masked or not). The wgmma bodies
-    serve head dims 64 and 128 on sm_90a; every other case takes the mma.sync table."""
+def forward_tile_shape(head_dim: int, arch: str = "sm_80", variant: str | None = None,
+                       has_mask: bool = False) -> TileShape:  # fmt: skip
+    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window). The
+    wgmma bodies serve head dims 64 and 128 on sm_90a; every other case takes the mma.sync table."""
     variant = variant or selected_variant()
     if arch == "sm_90a" and variant in HOPPER_VARIANTS and head_dim in HOPPER_VARIANTS[variant]:
-        return HOPPER_VARIANTS[variant][head_dim]
+        shape = HOPPER_VARIANTS[variant][head_dim]
+        return shape[int(has_mask)] if isinstance(shape, tuple) else shape
     return mma_tile_shape(head_dim)
 
 
