@@ -50,7 +50,7 @@ def profile(name: str, layers: int, seqlen: int) -> None:
     kernels = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1e3  # ms
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.time_range.elapsed_us() / 1e3  # ms
     busy = sum(kernels.values())
     attention = sum(ms for kname, ms in kernels.items() if any(h in kname.lower() for h in ATTENTION_KERNEL_HINTS))
     print(f"\n== {name}: {layers} layers, seqlen {seqlen}: step {wall_ms:.1f} ms wall, {busy:.1f} ms of kernels "
