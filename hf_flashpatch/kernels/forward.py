@@ -40,6 +40,7 @@ _ELEM_BYTES = 2
 _MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
+_ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 _SWIZZLE_ALIGN_SLACK = 1024  # the wgmma body rounds its shared-memory base up to a 1024-byte swizzle atom
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
 _ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff"
@@ -61,13 +62,14 @@ class ForwardConfig:
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper.cu): block_m = 64 per warpgroup of 4 warps
     overlap: bool = False  # wgmma body only: P V of tile i overlaps the softmax of tile i + 1
+    warp_specialized: bool = False  # wgmma body only: + a producer warpgroup (in num_warps) streaming K/V
 
     def __post_init__(self):
         if self.wgmma:
             self._check_wgmma()
             return
-        if self.overlap:
-            raise ValueError(f"overlap is a wgmma-body option, got {self}")
+        if self.overlap or self.warp_specialized:
+            raise ValueError(f"overlap and warp_specialized are wgmma-body options, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -83,14 +85,18 @@ class ForwardConfig:
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"dtype must be 'bf16' or 'fp16', got {self.dtype!r}")
         warpgroups, rest = divmod(self.num_warps, 4)
+        math_warpgroups = warpgroups - int(self.warp_specialized)
         ok = (
-            self.head_dim in (64, 128) and self.block_n in (64, 128) and rest == 0 and warpgroups >= 1
-            and self.block_m == 64 * warpgroups and self.kv_stages >= (3 if self.overlap else 2)
+            self.head_dim in (64, 128) and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
+            and self.block_m == 64 * math_warpgroups
+            and self.kv_stages >= (3 if self.overlap or self.warp_specialized else 2)
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
+            and not (self.warp_specialized and (self.overlap or math_warpgroups != 2))
         )  # fmt: skip
         if not ok:
-            raise ValueError(f"invalid wgmma tile (head dim 64/128, block_n 64/128, block_m = 16 * num_warps, "
-                             f"num_warps % 4 == 0, 3 stages with overlap), got {self}")  # fmt: skip
+            raise ValueError(f"invalid wgmma tile (head dim 64/128, block_n 64/128, block_m = 64 per math warpgroup, "
+                             f"num_warps % 4 == 0, 3 stages with overlap or warp specialisation, warp "
+                             f"specialisation with 2 math warpgroups and no overlap), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -100,11 +106,13 @@ class ForwardConfig:
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, overlap=shape.overlap,
+            wgmma=shape.wgmma, overlap=shape.overlap, warp_specialized=shape.warp_specialized,
         )  # fmt: skip
 
     @property
     def entry(self) -> str:
+        if self.warp_specialized:
+            return _ENTRY_SM90_WS
         return _ENTRY_SM90 if self.wgmma else _ENTRY
 
     @property
@@ -115,7 +123,8 @@ class ForwardConfig:
     def shared_bytes(self) -> int:
         if self.wgmma:  # dense 128-byte-swizzled tiles: Q + K/V ring, plus the alignment slack
             tile_bytes = self.head_dim * _ELEM_BYTES * (self.block_m + 2 * self.kv_stages * self.block_n)
-            return tile_bytes + _SWIZZLE_ALIGN_SLACK
+            barrier_bytes = 2 * 8 * self.kv_stages if self.warp_specialized else 0  # full + empty mbarriers
+            return tile_bytes + _SWIZZLE_ALIGN_SLACK + barrier_bytes
         row_bytes = (self.head_dim + 8) * _ELEM_BYTES  # padded rows, see cuda/fwd_tile_io.cuh
         return row_bytes * (self.block_m + 2 * self.kv_stages * self.block_n)
 
@@ -123,12 +132,14 @@ class ForwardConfig:
         if self.wgmma:
             if arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
+            math_warpgroups = self.num_warps // 4 - int(self.warp_specialized)
             defines = (
-                ("HEAD_DIM", self.head_dim), ("BLOCK_N", self.block_n), ("NUM_WG", self.num_warps // 4),
+                ("HEAD_DIM", self.head_dim), ("BLOCK_N", self.block_n), ("NUM_WG", math_warpgroups),
                 ("KV_STAGES", self.kv_stages), ("OVERLAP", int(self.overlap)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
-            return KernelBuild("fwd_hopper.cu", tuple((name, str(value)) for name, value in defines), arch)
+            source = "fwd_hopper_ws.cu" if self.warp_specialized else "fwd_hopper.cu"
+            return KernelBuild(source, tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
             ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),

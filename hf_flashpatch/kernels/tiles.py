@@ -33,12 +33,14 @@ class TileShape:
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
     wgmma: bool = False  # the Hopper body (fwd_hopper.cu); num_warps = 4 per 64-row warpgroup
     overlap: bool = False  # wgmma body: O += P V of tile i runs during the softmax of tile i + 1 (3 stages)
+    warp_specialized: bool = False  # wgmma body: a producer warpgroup (counted in num_warps) streams K/V
 
 
 # Hopper bodies by name (head dims 64 and 128 on sm_90a); "mma" = the mma.sync table below everywhere.
 # A head dim maps to one shape, or to a pair (shape without masking, shape with causal / window masking).
 _WGMMA = TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True)
 _WGMMA_OVERLAP = TileShape(block_m=128, block_n=128, num_warps=8, kv_stages=3, wgmma=True, overlap=True)
+_WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True)
 HOPPER_VARIANTS: dict[str, dict[int, TileShape | tuple[TileShape, TileShape]]] = {
     # two consumer warpgroups x 64 rows, 128-key tiles; masked d128 takes the overlapped body, which was
     # faster there at every seqlen (results/2026-11-29_d59d460_final: 192-451 vs 99-439 TFLOP/s causal,
@@ -48,6 +50,8 @@ HOPPER_VARIANTS: dict[str, dict[int, TileShape | tuple[TileShape, TileShape]]] =
     "wgmma_plain": {64: _WGMMA, 128: _WGMMA},
     # P V of tile i overlapping the softmax of tile i + 1 everywhere (second score buffer, 3 stages)
     "wgmma_overlap": {64: _WGMMA_OVERLAP, 128: _WGMMA_OVERLAP},
+    # cuda/fwd_hopper_ws.cu: a producer warpgroup + two math warpgroups, mbarrier hand-off, 3 stages
+    "wgmma_ws": {64: _WGMMA_WS, 128: _WGMMA_WS},
 }
 VARIANTS = ("mma",) + tuple(HOPPER_VARIANTS)
 DEFAULT_VARIANT = "wgmma"  # measured: 1.2-1.4x the mma body at d64/d128 (results/2026-11-29_2857bbe_wgmma-forward)

@@ -1,0 +1,111 @@
+// hf_flashpatch: what the Hopper forward kernels share (fwd_hopper.cu: every warp loads and computes;
+// fwd_hopper_ws.cu: a producer warpgroup loads, the others compute). Compile-time configuration and
+// layouts as described in fwd_hopper.cu: q (B, S_q, H, D), k/v (B, S_k, H_kv, D), SW128 shared tiles.
+#pragma once
+#include "fwd_softmax.cuh"
+#include "fwd_tile_io.cuh"
+#include "hopper.cuh"
+#include "primitives.cuh"
+
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+
+namespace {
+
+using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
+using Elem = Traits::T;
+using OutLayout = hfp::fwd::TileLayout<HEAD_DIM>;  // padded rows: the output staging tile
+
+constexpr bool kBf16 = ELEM_BF16 != 0;
+constexpr bool kWindowed = HAS_MASK != 0;
+constexpr int kMathThreads = 128 * NUM_WG;  // the warpgroups that own query rows
+constexpr int kBlockM = 64 * NUM_WG;
+constexpr int kNT = BLOCK_N / 8;                // 8-key column blocks of S
+constexpr int kOT = HEAD_DIM / 8;               // 8-column blocks of O
+constexpr int kChunksPerRow = HEAD_DIM / 8;     // 16-byte chunks per tile row
+constexpr int kSubTileRowBytes = hfp::sm90::kSwizzleRowBytes;
+constexpr int kQBytes = kBlockM * HEAD_DIM * 2;
+constexpr int kKVBytes = BLOCK_N * HEAD_DIM * 2;  // one K or one V tile
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "the wgmma forward serves head dims 64 and 128");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128, "S = Q K^T uses wgmma n64 or n128");
+static_assert(kBlockM * OutLayout::kRowStride * 2 <= 2 * KV_STAGES * kKVBytes, "the output staging tile must fit the ring");
+
+// Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
+template <int N>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (N == 64) hfp::sm90::wgmma_ss_m64n64k16<kBf16>(d, desc_a, desc_b, accumulate);
+  else hfp::sm90::wgmma_ss_m64n128k16<kBf16>(d, desc_a, desc_b, accumulate);
+}
+template <int N>
+__device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (N == 64) hfp::sm90::wgmma_rs_m64n64k16_tb<kBf16>(d, a, desc_b, 1);
+  else hfp::sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, desc_b, 1);
+}
+
+// Copy keys [key0, key0 + BLOCK_N) of a (seq, head dim) K or V matrix into a SW128 tile (see
+// hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to probability 0).
+// A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a multiple of 8,
+// so its swizzled chunk position never changes and the destination just advances.
+// kUnroll < full: the warp-specialised producer runs on 32 registers and cannot hold every row's address.
+template <int kCopyThreads, int kUnroll = 64>
+__device__ __forceinline__ void load_kv_tile_sw128(uint32_t tile, const Elem* gmem, int64_t row_stride, int key0,
+                                                   int seqlen_k, int tid) {
+  constexpr int kRowStep = kCopyThreads / kChunksPerRow;
+  static_assert(kCopyThreads % kChunksPerRow == 0 && BLOCK_N % kRowStep == 0 && kRowStep % 8 == 0, "tile walk");
+  const int row0 = tid / kChunksPerRow;
+  const int chunk = tid % kChunksPerRow;
+  uint32_t dst = tile + (chunk / 8) * (BLOCK_N * kSubTileRowBytes) + hfp::sm90::sw128_offset(row0, chunk % 8);
+  const Elem* src = gmem + static_cast<int64_t>(key0 + row0) * row_stride + chunk * 8;
+  const int64_t step = kRowStep * row_stride;
+#pragma unroll kUnroll
+  for (int i = 0; i < BLOCK_N / kRowStep; ++i) {
+    const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
+    hfp::cp_async_16(dst, valid ? src : gmem, valid);
+    src += step;
+    dst += kRowStep * kSubTileRowBytes;
+  }
+}
+
+// S (64 x BLOCK_N per warpgroup) = Q K^T over the head dim: 16 elements (32 bytes) per k-step.
+__device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], uint32_t q_rows, uint32_t k_tile) {
+#pragma unroll
+  for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
+    const uint32_t k_offset = (ks % 4) * 32;  // byte offset inside the sub-tile's 128-byte rows
+    const uint64_t desc_q = hfp::sm90::sw128_descriptor(q_rows + (ks / 4) * (kBlockM * kSubTileRowBytes) + k_offset,
+                                                        16, hfp::sm90::kSwizzleAtomBytes);
+    const uint64_t desc_k = hfp::sm90::sw128_descriptor(k_tile + (ks / 4) * (BLOCK_N * kSubTileRowBytes) + k_offset,
+                                                        16, hfp::sm90::kSwizzleAtomBytes);
+    mma_ss<BLOCK_N>(s, desc_q, desc_k, ks > 0);
+  }
+}
+
+// O (64 x HEAD_DIM per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step.
+__device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p)[BLOCK_N / 16][4], uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+    const uint64_t desc_v = hfp::sm90::sw128_descriptor(v_tile + kk * 16 * kSubTileRowBytes,
+                                                        BLOCK_N * kSubTileRowBytes, hfp::sm90::kSwizzleAtomBytes);
+    mma_rs_transposed_b<HEAD_DIM>(o, p[kk], desc_v);
+  }
+}
+
+// Probabilities (S accumulator layout) -> A fragments of O += P V: 8-key blocks 2kk and 2kk + 1 of a
+// row pair are one 16-key A fragment (mma.sync layout), as in fwd_gemm.cuh's gemm_pv.
+__device__ __forceinline__ void pack_probabilities(uint32_t (&p)[BLOCK_N / 16][4], const float (&s)[1][kNT][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+    p[kk][0] = Traits::pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
+    p[kk][1] = Traits::pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
+    p[kk][2] = Traits::pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+    p[kk][3] = Traits::pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+  }
+}
+
+__device__ __forceinline__ int fresh_thread_index() {
+  int index;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
+  return index;
+}
+
+}  // namespace

@@ -1,0 +1,204 @@
+// hf_flashpatch: warp-specialised Hopper forward kernel (sm_90a): a producer warpgroup streams K/V,
+// NUM_WG math warpgroups compute, and no block-wide barrier sits in the key loop.
+//
+// Same contract as cuda/fwd.cu and cuda/fwd_hopper.cu (same arguments, layouts, masks, GQA packing,
+// varlen, LSE): q (B, S_q, H, D), k/v (B, S_k, H_kv, D), out like q, lse (B, H, S_q) or (H, T_q).
+//
+// Warpgroup 0 (the producer, 32 registers per thread after setmaxnreg) copies the packed Q tile and then
+// key tile after key tile into a KV_STAGES-deep ring of 128-byte-swizzled tiles with cp.async. When a
+// tile has landed it fences the copies into the async proxy (fence.proxy.async) and arrives on that
+// slot's "full" mbarrier (128 arrivals); before reusing a slot it waits on the slot's "empty" mbarrier,
+// which every math warp arrives on once its products have read the tile. Warpgroups 1..NUM_WG (240
+// registers each) own 64 query rows each and run the plain body of fwd_hopper.cu: S = Q K^T, soft-cap,
+// mask, online softmax, O += P V, all on wgmma. Without a block-wide barrier per tile the math warpgroups
+// drift apart, so one's softmax overlaps the other's products.
+//
+// The producer declares tile i full only after issuing tile i + 2, so the ring needs three stages to keep
+// a landed tile ready while the math warpgroups work on the previous one.
+//
+// Compile-time configuration: HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG (math warpgroups),
+// KV_STAGES (>= 3), ELEM_BF16, HAS_MASK; OVERLAP must be 0.
+#include "fwd_hopper_common.cuh"
+
+namespace {
+
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kProducerThreads + kMathThreads;
+constexpr int kProducerRegisters = 32;  // 2 x 240 + 32 = 512 per-thread registers per 128-thread slice
+constexpr int kMathRegisters = 240;
+constexpr int kMathWarps = kMathThreads / 32;
+constexpr int kMathBarrier = 1;  // named barrier among the math warpgroups (0 is __syncthreads)
+static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");
+static_assert(KV_STAGES >= 3 && OVERLAP == 0, "the producer runs two tiles ahead: three ring stages, no overlap");
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(
+    const Elem* __restrict__ q, const Elem* __restrict__ k, const Elem* __restrict__ v, Elem* __restrict__ out,
+    float* __restrict__ lse, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+    int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,
+    int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,
+    int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,
+    int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left,
+    int window_right, float scale_log2, float softcap_pre_scale) {
+  using namespace hfp;
+  using namespace hfp::fwd;
+  using namespace hfp::sm90;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t smem_raw_address = smem_addr(smem_raw);
+  const uint32_t smem_base = (smem_raw_address + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
+  const uint32_t q_tile = smem_base;                      // SW128 (BLOCK_M, HEAD_DIM)
+  const uint32_t k_ring = q_tile + kQBytes;               // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
+  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;  // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
+  const uint32_t full_bars = v_ring + KV_STAGES * kKVBytes;  // (KV_STAGES,) mbarriers, 8 bytes each
+  const uint32_t empty_bars = full_bars + KV_STAGES * 8;      // (KV_STAGES,)
+
+  const int tid = threadIdx.x;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
+
+  // ---- sequence bounds and visible key tiles (as in fwd_hopper.cu), computed by every warp
+  int64_t q_token0 = 0, k_token0 = 0;
+  if (cu_seqlens_q != nullptr) {
+    q_token0 = cu_seqlens_q[batch];
+    k_token0 = cu_seqlens_k[batch];
+    seqlen_q = cu_seqlens_q[batch + 1] - q_token0;
+    seqlen_k = cu_seqlens_k[batch + 1] - k_token0;
+  }
+  const int packed_rows = seqlen_q * group;
+  const int p0 = m_block * kBlockM;
+  if (p0 >= packed_rows) return;  // the whole CTA, before any barrier
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
+  const int pos_first = p0 / group;
+  const int pos_last = (min(p0 + kBlockM, packed_rows) - 1) / group;
+  const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
+  const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
+  const int mask_lo = kWindowed ? pos_last + shifts.lo : 0;
+  const int mask_hi = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).hi;
+  const int n_block_min = key_lo / BLOCK_N;
+  const int n_block_max = key_hi > key_lo ? (key_hi + BLOCK_N - 1) / BLOCK_N : n_block_min;
+  const int num_tiles = n_block_max - n_block_min;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < KV_STAGES; ++s) {
+      mbarrier_init(full_bars + 8 * s, kProducerThreads);
+      mbarrier_init(empty_bars + 8 * s, kMathWarps);
+    }
+  }
+  __syncthreads();  // the barriers are initialised before anyone waits on or arrives at them
+
+  if (tid < kProducerThreads) {
+    // =============================== producer ===============================
+    registers_decrease<kProducerRegisters>();
+    const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
+    const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
+    const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+    for_each_packed_chunk<HEAD_DIM, kBlockM, kProducerThreads>(
+        tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
+          const Elem* src = q_base + (valid ? pos * q_seq_stride + head * q_head_stride + col : 0);
+          cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src,
+                      valid);
+        });
+    // Request tile i into ring slot i % KV_STAGES once the math warps released its previous tile.
+    auto request = [&](int i) {
+      if (i < num_tiles) {
+        const int slot = i % KV_STAGES;
+        if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
+        const int key0 = (n_block_max - 1 - i) * BLOCK_N;
+        load_kv_tile_sw128<kProducerThreads, 2>(k_ring + slot * kKVBytes, k_base, k_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<kProducerThreads, 2>(v_ring + slot * kKVBytes, v_base, v_seq_stride, key0, seqlen_k, tid);
+      }
+      cp_async_commit();  // one group per tile, empty or not, so the wait counts stay uniform
+    };
+    request(0);  // its group also carries Q
+    request(1);
+    for (int i = 0; i < num_tiles; ++i) {
+      cp_async_wait<1>();  // tile i landed (tile i + 1 may still be in flight)
+      fence_proxy_async_shared();
+      mbarrier_arrive(full_bars + 8 * (i % KV_STAGES));
+      request(i + 2);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+
+  // =============================== math warpgroups ===============================
+  registers_increase<kMathRegisters>();
+  const int math_tid = tid - kProducerThreads;
+  const int lane = math_tid & 31;
+  const int warp = math_tid >> 5;
+  const int warpgroup = warp >> 2;
+  const int g = lane >> 2, t = lane & 3;
+  const int warp_row0 = warp * 16;
+  const uint32_t q_rows = q_tile + warpgroup * 64 * kSubTileRowBytes;
+
+  float acc_o[1][kOT][4];
+#pragma unroll
+  for (int ot = 0; ot < kOT; ++ot)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[0][ot][e] = 0.f;
+  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(acc_o);
+  OnlineSoftmax<1> softmax;
+  softmax.init();
+  float scores[1][kNT][4];
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
+  uint32_t probs[BLOCK_N / 16][4];
+  float correction[1][2];
+
+  for (int i = 0; i < num_tiles; ++i) {
+    const int slot = i % KV_STAGES;
+    mbarrier_wait(full_bars + 8 * slot, (i / KV_STAGES) & 1);
+    const int key0 = (n_block_max - 1 - i) * BLOCK_N;
+
+    fence_operands(s_flat);
+    wgmma_fence();
+    issue_scores(s_flat, q_rows, k_ring + slot * kKVBytes);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s_flat);
+
+    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
+      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
+    softmax.rescale(acc_o, correction, softmax.exponentiate(scores, correction, scale_log2));
+    pack_probabilities(probs, scores);
+
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(o_flat, probs, v_ring + slot * kKVBytes);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
+
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(empty_bars + 8 * slot);  // this warp is done with the slot
+  }
+
+  // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
+  float inv_sum[1][2], row_lse[1][2];
+  softmax.finalize(inv_sum, row_lse, scale_log2);
+  named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
+  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem_raw_address));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + h * 8 + g;
+#pragma unroll
+    for (int ot = 0; ot < kOT; ++ot) {
+      const uint32_t packed2 = Traits::pack2(acc_o[0][ot][2 * h] * inv_sum[0][h], acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
+    }
+    const int packed = p0 + row;
+    if (t == 0 && packed < packed_rows) {
+      const int pos = group == 1 ? packed : packed / group;
+      const int head = kv_head * group + (packed - pos * group);
+      lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[0][h];
+    }
+  }
+  named_barrier_sync(kMathBarrier, kMathThreads);
+  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
+  store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+                                                fresh_thread_index() - kProducerThreads);
+}
