@@ -4,7 +4,7 @@
 // Same contract as cuda/fwd.cu and cuda/fwd_hopper.cu (same arguments, layouts, masks, GQA packing,
 // varlen, LSE): q (B, S_q, H, D), k/v (B, S_k, H_kv, D), out like q, lse (B, H, S_q) or (H, T_q).
 //
-// Warpgroup 0 (the producer, 32 registers per thread after setmaxnreg) copies the packed Q tile and then
+// Warpgroup 0 (the producer, 24 registers per thread after setmaxnreg) copies the packed Q tile and then
 // key tile after key tile into a KV_STAGES-deep ring of 128-byte-swizzled tiles with cp.async. When a
 // tile has landed it fences the copies into the async proxy (fence.proxy.async) and arrives on that
 // slot's "full" mbarrier (128 arrivals); before reusing a slot it waits on the slot's "empty" mbarrier,
@@ -24,8 +24,14 @@ namespace {
 
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kProducerThreads + kMathThreads;
-constexpr int kProducerRegisters = 32;  // 2 x 240 + 32 = 512 per-thread registers per 128-thread slice
+// setmaxnreg moves registers within the pool the CTA was launched with: ptxas caps a 384-thread kernel
+// at 168 registers per thread (65536 / 384, rounded down to a multiple of 8), so the split must fit
+// 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
+constexpr int kProducerRegisters = 24;
 constexpr int kMathRegisters = 240;
+constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
+static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
+              "the register split must fit the CTA's pool");
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;  // named barrier among the math warpgroups (0 is __syncthreads)
 static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");

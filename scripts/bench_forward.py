@@ -133,11 +133,11 @@ def _variant_shape(head_dim: int, variant: str, causal: bool):
 
 def _other_variants(head_dim: int, causal: bool) -> list:
     """Forward variants other than the one in force that give this problem a different body."""
-    from hf_flashpatch.kernels.tiles import VARIANTS, selected_variant
+    from hf_flashpatch.kernels.tiles import UNVERIFIED_VARIANTS, VARIANTS, selected_variant
 
     default = _variant_shape(head_dim, selected_variant(), causal)
     others = []
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if v not in UNVERIFIED_VARIANTS]:
         shape = _variant_shape(head_dim, variant, causal)
         if shape != default and shape not in [_variant_shape(head_dim, o, causal) for o in others]:
             others.append(variant)

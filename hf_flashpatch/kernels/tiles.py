@@ -54,6 +54,10 @@ HOPPER_VARIANTS: dict[str, dict[int, TileShape | tuple[TileShape, TileShape]]] =
     "wgmma_ws": {64: _WGMMA_WS, 128: _WGMMA_WS},
 }
 VARIANTS = ("mma",) + tuple(HOPPER_VARIANTS)
+# Variants that have not yet run to completion on a GPU (wgmma_ws: its first build hung on a register
+# split beyond the CTA's pool, fixed but not re-run). Benchmarks leave them out of their automatic
+# comparisons; tests/gpu/test_forward.py runs them behind a subprocess smoke test with a timeout.
+UNVERIFIED_VARIANTS = frozenset({"wgmma_ws"})
 DEFAULT_VARIANT = "wgmma"  # measured: 1.2-1.4x the mma body at d64/d128 (results/2026-11-29_2857bbe_wgmma-forward)
 VARIANT_ENV = "HF_FLASHPATCH_FWD_VARIANT"
 

@@ -21,7 +21,38 @@ pytest.importorskip("pycuda")
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.kernels.forward import attention_forward  # noqa: E402
-from hf_flashpatch.kernels.tiles import VARIANT_ENV, VARIANTS, forward_tile_shape  # noqa: E402
+from hf_flashpatch.kernels.tiles import UNVERIFIED_VARIANTS, VARIANT_ENV, VARIANTS, forward_tile_shape  # noqa: E402
+
+_SMOKE_TIMEOUT_S = 120
+_smoke_results: dict = {}
+
+
+def _smoke_ok(variant: str) -> tuple[bool, str]:
+    """Run one causal and one full call of ``variant`` in a subprocess with a timeout (once per session):
+    a kernel that never finishes fails its tests instead of hanging the whole suite."""
+    import os
+    import subprocess
+    import sys
+
+    if variant not in _smoke_results:
+        code = (
+            "import torch\n"
+            "from hf_flashpatch.kernels.forward import attention_forward\n"
+            "for causal in (False, True):\n"
+            "    q = torch.randn(2, 1000, 8, 128, device='cuda', dtype=torch.bfloat16)\n"
+            "    k = torch.randn(2, 1000, 2, 128, device='cuda', dtype=torch.bfloat16)\n"
+            "    attention_forward(q, k, k, causal=causal, softmax_scale=None, window_left=-1,\n"
+            "                      window_right=0 if causal else -1, softcap=None)\n"
+            "torch.cuda.synchronize()\n"
+        )
+        env = dict(os.environ, **{VARIANT_ENV: variant})
+        try:
+            proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  timeout=_SMOKE_TIMEOUT_S)  # fmt: skip
+            _smoke_results[variant] = (proc.returncode == 0, proc.stderr[-2000:])
+        except subprocess.TimeoutExpired:
+            _smoke_results[variant] = (False, f"did not finish within {_SMOKE_TIMEOUT_S} s (a hang)")
+    return _smoke_results[variant]
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16]
@@ -38,6 +69,10 @@ def forward_variant(request, monkeypatch):
     arch = device_arch(torch.device("cuda"))
     if variant != "mma" and not forward_tile_shape(head_dim or 128, arch, variant).wgmma:
         pytest.skip(f"{variant} has no body of its own for head dim {head_dim or 128} on {arch}")
+    if variant in UNVERIFIED_VARIANTS:
+        ok, why = _smoke_ok(variant)
+        if not ok:
+            pytest.fail(f"{variant}: smoke run failed: {why}")
     monkeypatch.setenv(VARIANT_ENV, variant)
     return variant
 
