@@ -79,3 +79,32 @@ def test_single_sequence_row_is_not_treated_as_packed(varlen_calls):
     with torch.no_grad():
         model(input_ids=ids, position_ids=torch.arange(10)[None])
     assert varlen_calls == []
+
+
+def test_position_facts_cost_one_host_sync_per_forward_not_per_layer(varlen_calls, monkeypatch):
+    """Whether a row is packed (and where its sequences start) is read off the device once per position
+    tensor: every layer receives the same tensor, and each read would stall the GPU. An in-place change
+    of that tensor is seen."""
+    from hf_flashpatch.backend import attention as backend_attention
+
+    computed = []
+    real = backend_attention.is_packed_row
+
+    def counting(*args):
+        computed.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(backend_attention, "is_packed_row", counting)
+    model = tiny_model("llama")
+    layers = model.config.num_hidden_layers
+    assert layers >= 2
+    ids = torch.randint(3, VOCAB, (1, 12))
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=positions)
+    assert len(computed) == 1 and len(varlen_calls) == layers
+    assert varlen_calls[0] == [0, 5, 9, 12]
+    positions[0, 5:] = torch.arange(7) + 5  # now one sequence: in place, same tensor object
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=positions)
+    assert len(computed) == 2 and len(varlen_calls) == layers  # recomputed, and no longer packed

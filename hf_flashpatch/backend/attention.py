@@ -133,6 +133,26 @@ class _UnpadPlan(NamedTuple):
 
 
 _plans = threading.local()  # one cached plan per thread: every layer of a forward gets the same mask object
+_host_facts = threading.local()  # answers about a mask / position tensor that cost a host sync
+
+
+def once_per_tensor(tensor: torch.Tensor, tag, compute):
+    """``compute(tensor)``, evaluated once per (tensor object, in-place version, tag) and thread: every
+    layer of a forward receives the same mask and position tensors, and each answer (``bool(...)``,
+    ``int(...)`` of a device value) costs a host sync, which would otherwise stall the GPU once per layer.
+    The cache holds the tensor itself, so its identity cannot be reused by another tensor."""
+    cache = getattr(_host_facts, "entries", None)
+    if cache is None:
+        cache = _host_facts.entries = {}
+    key = (tag, id(tensor))
+    hit = cache.get(key)
+    if hit is not None and hit[0] is tensor and hit[1] == tensor._version:
+        return hit[2]
+    value = compute(tensor)
+    if len(cache) >= 8:  # a forward uses one or two tensors; old ones must not be kept alive
+        cache.clear()
+    cache[key] = (tensor, tensor._version, value)
+    return value
 
 
 def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
@@ -220,7 +240,7 @@ def attention_forward(
     if attention_mask is not None:
         if attention_mask.shape[1] < k.shape[1]:  # a StaticCache: keys past the mask are not written yet
             k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # (B, S_mask, H_kv, D)
-        if bool(attention_mask.all()):
+        if once_per_tensor(attention_mask, "all-real", lambda m: bool(m.all())):
             attention_mask = None
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
@@ -228,8 +248,10 @@ def attention_forward(
         out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn)
     elif attention_mask is not None:
         out = unpadded_attention(q, k, v, attention_mask, **attn)
-    elif is_packed_row(position_ids, batch, seqlen_q, seqlen_k):
-        cu, max_len = cu_seqlens_from_position_ids(position_ids.to(q.device))
+    elif position_ids is not None and once_per_tensor(
+        position_ids, ("packed", batch, seqlen_q, seqlen_k), lambda p: is_packed_row(p, batch, seqlen_q, seqlen_k)
+    ):
+        cu, max_len = once_per_tensor(position_ids, ("cu", q.device), lambda p: cu_seqlens_from_position_ids(p.to(q.device)))
         out = varlen_packed_row(q, k, v, cu, cu, max_len, max_len, **attn)
     elif seqlen_q == 1 and seqlen_k > 1 and attn["causal"] and not differentiable:
         out = api.flash_attn_with_kvcache(q, k, v, **attn)  # one new token over the whole cache (decode kernel)
