@@ -1,0 +1,224 @@
+// hf_flashpatch backward: the compile-time configuration (macros, with their defaults) and the helpers
+// every backward body shares (tile loads, mma.sync warp GEMMs, visibility, score transform, sequence
+// geometry). Layout as in bwd.cu: q/dO (batch, seqlen_q, heads, head_dim), k/v (batch, seqlen_k,
+// kv_heads, head_dim), varlen packed along the token dim.
+#pragma once
+#include "primitives.cuh"
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef ELEM_BF16
+#define ELEM_BF16 1
+#endif
+#ifndef BLOCK_M  // query rows per inner step of bwd_dkdv
+#define BLOCK_M 64
+#endif
+#ifndef NUM_WARPS  // warps of bwd_dkdv
+#define NUM_WARPS 8
+#endif
+#ifndef D_SPLIT  // warps sharing one 16-key row group in bwd_dkdv, each owning HEAD_DIM / D_SPLIT of dK/dV
+#define D_SPLIT 1
+#endif
+#ifndef HAS_SOFTCAP
+#define HAS_SOFTCAP 0
+#endif
+#ifndef DQ_BLOCK_N  // keys per inner step of bwd_dq
+#define DQ_BLOCK_N 64
+#endif
+#ifndef DQ_WARPS  // warps of bwd_dq (16 query rows each)
+#define DQ_WARPS 8
+#endif
+#ifndef DQ_KK_UNROLL
+#define DQ_KK_UNROLL 2
+#endif
+#ifndef DQ_CHUNK  // dQ columns accumulated per pass in bwd_dkdv
+#define DQ_CHUNK 32
+#endif
+#ifndef SS_UNROLL  // unroll of the head-dim loop of the K Q^T / V dO^T GEMMs
+#define SS_UNROLL 2
+#endif
+#ifndef RS_UNROLL  // unroll of the query loop of the dV / dK GEMMs
+#define RS_UNROLL 8
+#endif
+#ifndef PREFETCH_AFTER_SYNC  // bwd_dkdv: issue the next query tile's loads after the step's first barrier
+#define PREFETCH_AFTER_SYNC 0
+#endif
+#ifndef DQ_WARP_ROWS  // query rows per warp in bwd_dkdv's dQ product (16 or 32)
+#define DQ_WARP_ROWS 16
+#endif
+#ifndef BWD_TILED  // 1: bwd_dkdv_dq_atomic takes the 2-D warp-tiled body of bwd_tiled.cuh (d64/d128)
+#define BWD_TILED 0
+#endif
+#ifndef BWD_WGMMA  // 1: bwd_dkdv_dq_atomic takes the Hopper wgmma body of bwd_hopper.cuh (sm_90a, d64/d128)
+#define BWD_WGMMA 0
+#endif
+#ifndef MIN_BLOCKS  // __launch_bounds__ residency hint for bwd_dkdv
+#define MIN_BLOCKS 1
+#endif
+
+namespace hfp {
+namespace bwd {
+
+constexpr bool kBf16 = ELEM_BF16 != 0;
+using Traits = ElemTraits<kBf16>;
+using T = typename Traits::T;
+constexpr int kD = HEAD_DIM;
+constexpr int kPadD = kD + 8;  // shared row stride (elements): +16 B makes ldmatrix rows hit distinct banks
+constexpr int kBlockM = BLOCK_M;
+constexpr int kWarps = NUM_WARPS;
+constexpr int kThreads = kWarps * 32;
+constexpr int kDSplit = D_SPLIT;
+constexpr int kBlockN = (kWarps / kDSplit) * 16;  // keys per bwd_dkdv block
+constexpr int kDw = kD / kDSplit;                 // dK/dV columns owned by one warp
+constexpr int kPadM = kBlockM + 8;                // dS^T shared row stride
+// dQ (in bwd_dkdv): warps tile the (BLOCK_M x D) output as kDqRowWarps x kDqColWarps, each warp
+// kDqWarpRows query rows (16 or 32: 32 re-reads K half as often per MMA, for twice the accumulator)
+constexpr int kDqWarpRows = DQ_WARP_ROWS;
+constexpr int kDqMTiles = kDqWarpRows / 16;
+constexpr int kDqRowWarps = (kBlockM / kDqWarpRows) < kWarps ? (kBlockM / kDqWarpRows) : kWarps;
+constexpr int kDqColWarps = kWarps / kDqRowWarps;
+constexpr int kDqCols = kD / kDqColWarps;
+constexpr int kDqChunk = DQ_CHUNK < kDqCols ? DQ_CHUNK : kDqCols;  // dQ columns per pass
+constexpr int kQBlockM = DQ_WARPS * 16;  // query rows per bwd_dq block
+constexpr int kQBlockN = DQ_BLOCK_N;
+constexpr int kQThreads = DQ_WARPS * 32;
+constexpr int kDqUnroll = DQ_KK_UNROLL;
+constexpr int kSsUnroll = SS_UNROLL;
+constexpr int kRsUnroll = RS_UNROLL;
+
+static_assert(kD % 16 == 0 && kDw % 16 == 0 && kDqCols % 16 == 0, "head dim tiling");
+static_assert(kBlockM % kDqWarpRows == 0 && kDqRowWarps * kDqWarpRows <= kBlockM && kWarps % kDqRowWarps == 0 &&
+                  kDqRowWarps * kDqColWarps == kWarps && kDqRowWarps * kDqWarpRows == kBlockM, "dQ warp tiling");
+static_assert(kQBlockN % 16 == 0, "bwd_dq key tile");
+static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ column chunks must tile a warp's columns");
+
+struct Visibility {
+  // Query i (of seqlen_q) sees key j (of seqlen_k) iff j < seqlen_k, i < seqlen_q and
+  // i + offset - left <= j <= i + offset + right (a negative bound is unbounded); offset = sk - sq
+  // is the bottom-right alignment.
+  int seqlen_q, seqlen_k, offset, left, right;
+  __device__ __forceinline__ bool visible(int i, int j) const {
+    return i < seqlen_q && j < seqlen_k && (left < 0 || j >= i + offset - left) &&
+           (right < 0 || j <= i + offset + right);
+  }
+  // True when every (i, j) of the tile is visible, so the per-element test can be skipped.
+  __device__ __forceinline__ bool tile_all_visible(int m0, int m1, int n0, int n1) const {
+    return m1 <= seqlen_q && n1 <= seqlen_k && (right < 0 || n1 - 1 <= m0 + offset + right) &&
+           (left < 0 || n0 >= m1 - 1 + offset - left);
+  }
+  // Query rows [begin, end) that see at least one key of [n0, n1).
+  __device__ __forceinline__ int2 query_range(int n0, int n1) const {
+    int begin = 0, end = seqlen_q;
+    if (right >= 0) begin = max(begin, n0 - offset - right);
+    if (left >= 0) end = min(end, n1 - 1 - offset + left + 1);
+    return make_int2(begin, end);
+  }
+  // Key columns [begin, end) seen by at least one query of [m0, m1).
+  __device__ __forceinline__ int2 key_range(int m0, int m1) const {
+    int begin = 0, end = seqlen_k;
+    if (left >= 0) begin = max(begin, m0 + offset - left);
+    if (right >= 0) end = min(end, m1 - 1 + offset + right + 1);
+    return make_int2(begin, end);
+  }
+};
+
+__device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
+}
+
+// Copy a (rows x kD) tile, row r at gmem + r * row_stride, rows >= valid_rows zero-filled.
+template <int kRows, int kNThreads>
+__device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_stride, int valid_rows, int tid) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int c = tid; c < kRows * kChunks; c += kNThreads) {
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = r < valid_rows;
+    const T* src = gmem + (ok ? r * row_stride : 0) + col;
+    cp_async_16(smem_addr(smem + r * kPadD + col), src, ok);
+  }
+}
+
+// acc (16 x N) += A (16 x K: shared [m][k], stride lda elements) * B^T (B shared [n][k], stride ldb).
+template <int N, int K>
+__device__ __forceinline__ void gemm_ss_nt(float (&acc)[N / 8][4], const T* a, int lda, const T* b, int ldb,
+                                           int lane) {
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
+  const int b_row = (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
+#pragma unroll kSsUnroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    uint32_t af[4];
+    ldmatrix_x4(af, smem_addr(a + a_row * lda + kk * 16 + a_col));
+#pragma unroll
+    for (int p = 0; p < N / 16; ++p) {
+      uint32_t bf[4];
+      ldmatrix_x4(bf, smem_addr(b + (p * 16 + b_row) * ldb + kk * 16 + b_col));
+      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+      mma_16816<kBf16>(acc[2 * p], af, b0);
+      mma_16816<kBf16>(acc[2 * p + 1], af, b1);
+    }
+  }
+}
+
+// acc (16 x N) += A (16 x K, registers) * B (K x N: shared [k][n], stride ldb, columns from b).
+template <int N, int K>
+__device__ __forceinline__ void gemm_rs_nn(float (&acc)[N / 8][4], const uint32_t (&a)[K / 16][4], const T* b,
+                                           int ldb, int lane) {
+  const int b_row = ((lane >> 3) & 1) * 8 + (lane & 7), b_col = (lane >> 4) * 8;
+#pragma unroll kRsUnroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+#pragma unroll
+    for (int p = 0; p < N / 16; ++p) {
+      uint32_t bf[4];
+      ldmatrix_x4_trans(bf, smem_addr(b + (kk * 16 + b_row) * ldb + p * 16 + b_col));
+      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+      mma_16816<kBf16>(acc[2 * p], a[kk], b0);
+      mma_16816<kBf16>(acc[2 * p + 1], a[kk], b1);
+    }
+  }
+}
+
+// Accumulator (16 x N fp32) -> A fragments (16 x N, b16): the mma C layout is the A layout.
+template <int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = Traits::pack2(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = Traits::pack2(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = Traits::pack2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = Traits::pack2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+}
+
+struct Scores {
+  float scale_log2;  // softmax_scale * log2(e)
+  float softcap_in;  // softmax_scale / softcap (tanh argument per raw score)
+  float softcap_out; // softcap * log2(e)
+  // Raw dot product -> log2-domain logit; *dtanh receives 1 - tanh^2 for the softcap chain rule.
+  __device__ __forceinline__ float logit(float s, float* dtanh) const {
+#if HAS_SOFTCAP
+    const float t = tanhf(s * softcap_in);
+    *dtanh = 1.f - t * t;
+    return t * softcap_out;
+#else
+    return s * scale_log2;
+#endif
+  }
+};
+
+// Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
+__device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len) {
+  if (cu == nullptr) return make_int2(0, fixed_len);
+  const int s = cu[b];
+  return make_int2(s, cu[b + 1] - s);
+}
+
+}  // namespace bwd
+}  // namespace hfp

@@ -1,0 +1,226 @@
+// hf_flashpatch backward: the default body of bwd_dkdv / bwd_dkdv_dq_atomic (mma.sync, every head dim):
+// one block of NUM_WARPS warps per (K/V tile, kv head, batch), 16 keys per warp as MMA rows, dK/dV in
+// registers for the whole block; with kAccumDq, dS^T through shared memory and dQ added to the fp32
+// workspace with atomics. Layout as in bwd.cu.
+#pragma once
+#include "bwd_common.cuh"
+
+namespace hfp {
+namespace bwd {
+
+template <bool kAccumDq>
+__device__ __forceinline__ void dkdv_body(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+    const float* __restrict__ lse2_ws, const float* __restrict__ dvec_ws, float* __restrict__ dq_accum,
+    T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss,
+    int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads,
+    int rows_pad, float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* k_s = reinterpret_cast<T*>(smem_raw);               // (kBlockN, kPadD)
+  T* v_s = k_s + kBlockN * kPadD;                          // (kBlockN, kPadD)
+  T* q_s = v_s + kBlockN * kPadD;                          // (2 stages, kBlockM, kPadD)
+  T* do_s = q_s + 2 * kBlockM * kPadD;                     // (2 stages, kBlockM, kPadD)
+  T* ds_s = do_s + 2 * kBlockM * kPadD;                    // (kBlockN, kPadM): dS^T, keys x queries
+  float* lse_s = reinterpret_cast<float*>(ds_s + kBlockN * kPadM);  // (2, kBlockM)
+  float* dvec_s = lse_s + 2 * kBlockM;                              // (2, kBlockM)
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
+  const int n0 = n_block * kBlockN;
+  if (n0 >= sk.y) return;
+  const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};
+  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const int group = heads / kv_heads;
+  const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
+
+  const T* k_tile = k + b * k_sb + int64_t(sk.x + n0) * k_ss + hk * k_sh;
+  const T* v_tile = v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh;
+  load_tile<kBlockN, kThreads>(k_s, k_tile, k_ss, sk.y - n0, tid);
+  load_tile<kBlockN, kThreads>(v_s, v_tile, v_ss, sk.y - n0, tid);
+  cp_async_commit();
+
+  int2 mr = vis.query_range(n0, min(n0 + kBlockN, sk.y));
+  const int m_first = max(mr.x, 0) / kBlockM;
+  const int m_count = mr.y > mr.x ? (mr.y - m_first * kBlockM + kBlockM - 1) / kBlockM : 0;
+  const int steps = m_count * group;
+
+  auto load_q_side = [&](int step, int stage) {
+    const int h = hk * group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kBlockM;
+    const T* q_tile = q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh;
+    const T* do_tile = dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh;
+    load_tile<kBlockM, kThreads>(q_s + stage * kBlockM * kPadD, q_tile, q_ss, sq.y - m0, tid);
+    load_tile<kBlockM, kThreads>(do_s + stage * kBlockM * kPadD, do_tile, do_ss, sq.y - m0, tid);
+    const int64_t ws = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0;
+    if (tid < kBlockM) {
+      cp_async_4(smem_addr(lse_s + stage * kBlockM + tid), lse2_ws + ws + tid);
+    } else if (tid < 2 * kBlockM) {
+      cp_async_4(smem_addr(dvec_s + stage * kBlockM + tid - kBlockM), dvec_ws + ws + tid - kBlockM);
+    }
+  };
+  static_assert(2 * kBlockM <= kThreads, "lse/D tile load");
+
+  const int key_row0 = (warp / kDSplit) * 16;  // this warp's 16 keys within the block
+  const int dcol0 = (warp % kDSplit) * kDw;    // this warp's dK/dV columns
+  float dv_acc[kDw / 8][4], dk_acc[kDw / 8][4];
+  zero(dv_acc);
+  zero(dk_acc);
+
+  if (steps > 0) load_q_side(0, 0);
+  cp_async_commit();
+
+  for (int step = 0; step < steps; ++step) {
+    const int stage = step & 1;
+#if PREFETCH_AFTER_SYNC
+    // Two barriers per step: once every warp is past this one it has finished the previous step, so
+    // the other stage (and dS^T) may be overwritten; the prefetch is issued after it.
+    cp_async_wait<0>();
+    __syncthreads();
+    if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
+    cp_async_commit();
+#else
+    if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+#endif
+
+    const int h = hk * group + step / m_count;
+    const int m0 = (m_first + step % m_count) * kBlockM;
+    const T* qs = q_s + stage * kBlockM * kPadD;
+    const T* dos = do_s + stage * kBlockM * kPadD;
+    const float* lses = lse_s + stage * kBlockM;
+    const float* dvs = dvec_s + stage * kBlockM;
+
+    // S^T (16 keys x kBlockM queries) = K Q^T
+    float p[kBlockM / 8][4];
+    zero(p);
+    gemm_ss_nt<kBlockM, kD>(p, k_s + key_row0 * kPadD, kPadD, qs, kPadD, lane);
+#if HAS_SOFTCAP
+    float dtanh[kBlockM / 8][4];
+#endif
+    const bool full = vis.tile_all_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = j * 8 + 2 * t4 + (r & 1);
+        float dt = 1.f;
+        float x = exp2f(sc.logit(p[j][r], &dt) - lses[col]);
+        if (!full && !vis.visible(m0 + col, n0 + key_row0 + g + (r >> 1) * 8)) x = 0.f;
+        p[j][r] = x;
+#if HAS_SOFTCAP
+        dtanh[j][r] = dt;
+#endif
+      }
+    }
+    // dV (16 x kDw) += P^T dO
+    {
+      uint32_t pa[kBlockM / 16][4];
+      acc_to_a<kBlockM>(pa, p);
+      gemm_rs_nn<kDw, kBlockM>(dv_acc, pa, dos + dcol0, kPadD, lane);
+    }
+    // dP^T (16 x kBlockM) = V dO^T ; dS^T = P^T (dP^T - D)
+    float ds[kBlockM / 8][4];
+    zero(ds);
+    gemm_ss_nt<kBlockM, kD>(ds, v_s + key_row0 * kPadD, kPadD, dos, kPadD, lane);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = j * 8 + 2 * t4 + (r & 1);
+        ds[j][r] = p[j][r] * (ds[j][r] - dvs[col]);
+#if HAS_SOFTCAP
+        ds[j][r] *= dtanh[j][r];
+#endif
+      }
+    }
+    uint32_t dsa[kBlockM / 16][4];
+    acc_to_a<kBlockM>(dsa, ds);
+    // dK (16 x kDw) += dS^T Q
+    gemm_rs_nn<kDw, kBlockM>(dk_acc, dsa, qs + dcol0, kPadD, lane);
+
+    if constexpr (kAccumDq) {
+      if (warp % kDSplit == 0) {  // D_SPLIT warps hold identical dS^T: one writes it
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+          const int col = j * 8 + 2 * t4;
+          *reinterpret_cast<uint32_t*>(ds_s + (key_row0 + g) * kPadM + col) = dsa[j / 2][(j & 1) * 2];
+          *reinterpret_cast<uint32_t*>(ds_s + (key_row0 + g + 8) * kPadM + col) = dsa[j / 2][(j & 1) * 2 + 1];
+        }
+      }
+      __syncthreads();
+      // dQ (kBlockM x D) += dS K; this warp: kDqWarpRows query rows x kDqCols columns, kDqChunk at a time
+      // (a smaller live accumulator next to the dK/dV registers; dS^T fragments are re-read per chunk).
+      const int qrow0 = (warp % kDqRowWarps) * kDqWarpRows, qcol0 = (warp / kDqRowWarps) * kDqCols;
+      const int a_key = (lane >> 4) * 8 + (lane & 7), a_q = ((lane >> 3) & 1) * 8;
+      const int b_row = ((lane >> 3) & 1) * 8 + (lane & 7), b_col = (lane >> 4) * 8;
+      const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + qrow0 + g;
+#pragma unroll 1
+      for (int c0 = qcol0; c0 < qcol0 + kDqCols; c0 += kDqChunk) {
+        float dq[kDqMTiles][kDqChunk / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < kDqMTiles; ++mt) zero(dq[mt]);
+#pragma unroll kDqUnroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t af[kDqMTiles][4];
+#pragma unroll
+          for (int mt = 0; mt < kDqMTiles; ++mt)
+            ldmatrix_x4_trans(af[mt], smem_addr(ds_s + (kk * 16 + a_key) * kPadM + qrow0 + mt * 16 + a_q));
+#pragma unroll
+          for (int pp = 0; pp < kDqChunk / 16; ++pp) {
+            uint32_t bf[4];
+            ldmatrix_x4_trans(bf, smem_addr(k_s + (kk * 16 + b_row) * kPadD + c0 + pp * 16 + b_col));
+            const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+#pragma unroll
+            for (int mt = 0; mt < kDqMTiles; ++mt) {
+              mma_16816<kBf16>(dq[mt][2 * pp], af[mt], b0);
+              mma_16816<kBf16>(dq[mt][2 * pp + 1], af[mt], b1);
+            }
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < kDqMTiles; ++mt) {
+          const int row = m0 + qrow0 + mt * 16 + g;
+          float* dst = dq_accum + (ws_row + mt * 16) * kD;
+#pragma unroll
+          for (int j = 0; j < kDqChunk / 8; ++j) {
+            const int col = c0 + j * 8 + 2 * t4;
+            if (row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[mt][j][0], dq[mt][j][1]));
+            if (row + 8 < sq.y)
+              atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[mt][j][2], dq[mt][j][3]));
+          }
+        }
+      }
+    }
+#if !PREFETCH_AFTER_SYNC
+    __syncthreads();  // stage and dS^T are overwritten next step
+#endif
+  }
+  cp_async_wait<0>();
+
+  // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
+  const int key = n0 + key_row0 + g;
+  const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
+  T* dk_row = dk + (tok * kv_heads + hk) * kD + dcol0;
+  T* dv_row = dv + (tok * kv_heads + hk) * kD + dcol0;
+  const int64_t row8 = int64_t(8) * kv_heads * kD;
+#pragma unroll
+  for (int j = 0; j < kDw / 8; ++j) {
+    const int col = j * 8 + 2 * t4;
+    if (key < sk.y) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) = Traits::pack2(dk_acc[j][0] * softmax_scale, dk_acc[j][1] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[j][0], dv_acc[j][1]);
+    }
+    if (key + 8 < sk.y) {
+      *reinterpret_cast<uint32_t*>(dk_row + row8 + col) = Traits::pack2(dk_acc[j][2] * softmax_scale, dk_acc[j][3] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[j][2], dv_acc[j][3]);
+    }
+  }
+}
+
+}  // namespace bwd
+}  // namespace hfp
