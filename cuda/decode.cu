@@ -32,9 +32,16 @@
 //                  the warp's tile after the one being copied are prefetched into L2 (prefetch.global.L2):
 //                  one more tile per warp in flight without more shared memory, and the address
 //                  translation of a scattered page (TLB miss) happens a tile before the copy needs it.
+//   PAGE_TILES     (block table, with COALESCED_LOADS) when pages hold whole 16-key tiles and the CTA's key
+//                  chunk starts on a tile boundary, every tile lies inside one page: one table entry per
+//                  tile (the same address for every lane) and the 16 row addresses are plain arithmetic
+//                  from it, instead of one entry per key and two 64-bit pointer shuffles per copy
+//                  instruction (32 SHFL per tile and warp, on the pipe the copies and ldmatrix use).
 //   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D = 32, 96, 128: D / 4 registers)
 //                  instead of re-read from shared memory for every tile (a third of the per-tile
 //                  ldmatrix traffic, which shares the L1/shared-memory pipe with the K/V copies).
+#include <type_traits>
+
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
 #include "decode_kv_load.cuh"
@@ -66,8 +73,14 @@
 #ifndef L2_AHEAD
 #define L2_AHEAD 0
 #endif
+#ifndef PAGE_TILES
+#define PAGE_TILES 0
+#endif
 #if INDEX_AHEAD && !COALESCED_LOADS
 #error "INDEX_AHEAD is implemented for the COALESCED_LOADS copy pattern"
+#endif
+#if PAGE_TILES && !COALESCED_LOADS
+#error "PAGE_TILES is implemented for the COALESCED_LOADS copy pattern"
 #endif
 #if L2_AHEAD && !INDEX_AHEAD
 #error "L2_AHEAD needs INDEX_AHEAD (its prefetch addresses come from the entries loaded ahead)"
@@ -163,6 +176,13 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   const int chunk = ((span + p.num_splits - 1) / p.num_splits + kWarps * kTileKeys - 1) / (kWarps * kTileKeys) *
                     (kWarps * kTileKeys);
   const int k_begin = min(k_hi, k_lo + split * chunk), k_end = min(k_hi, k_begin + chunk);
+#if PAGE_TILES && KV_ADDRESSING == 1
+  // Tiles start at k_begin + 16 n: with whole tiles per page, each tile is rows [in_page, in_page + 16)
+  // of one page (windows can start the chunk mid-tile: then the per-key form below is used).
+  const bool page_tiles = p.kv.page_size % kTileKeys == 0 && k_begin % kTileKeys == 0;
+#else
+  [[maybe_unused]] constexpr bool page_tiles = false;
+#endif
 
   // ---- Q rows -> shared memory (zero for rows past the valid ones)
   for (int c = threadIdx.x; c < kRows * kChunks; c += kWarps * 32) {
@@ -202,8 +222,11 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 
 #if INDEX_AHEAD
   // This lane's key in the warp's tile `it` (< n_tiles), clamped into the chunk like the copies do.
+  // PAGE_TILES: the tile's first key for every lane (its page places the whole tile).
   auto lane_key = [&](int it) {
-    const int key = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys + load_key;
+    const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
+    if (page_tiles) return key0;
+    const int key = key0 + load_key;
     return key < k_end ? key : k_begin;
   };
   using Entry = typename KvAddressT<Elem>::Entry;
@@ -225,33 +248,54 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       Elem* k_dst = warp_kv + slot * kStageElems;
       Elem* v_dst = k_dst + kTileElems;
 #if KV_ADDRESSING != 0
-      const int my_key = key0 + load_key;
+      // This lane's key (clamped into the chunk), or with page_tiles the tile's first key, whose row
+      // address plus r rows places row r of the tile.
+      const int my_key = page_tiles ? key0 : (key0 + load_key < k_end ? key0 + load_key : k_begin);
       long long k_off, v_off;
 #if INDEX_AHEAD
-      p.kv.locate_entry(entry_ahead[0], b, my_key < k_end ? my_key : k_begin, k_off, v_off);
+      p.kv.locate_entry(entry_ahead[0], b, my_key, k_off, v_off);
 #else
-      p.kv.locate(b, my_key < k_end ? my_key : k_begin, k_off, v_off);
+      p.kv.locate(b, my_key, k_off, v_off);
 #endif
       const Elem* k_mine = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
       const Elem* v_mine = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
 #endif
+      // ArithRows (page_tiles): row r of the tile is r rows after the tile's first key in its page.
+      // A template argument rather than a branch per row, so each form is one straight-line loop.
+      auto copy_rows = [&](auto arith_rows) {
+        constexpr bool kArithRows = decltype(arith_rows)::value;
+        (void)kArithRows;
 #pragma unroll
-      for (int i = 0; i < kChunks / 2; ++i) {
-        const int e = i * 32 + lane, row = e / kChunks, ch = e % kChunks;
-        const bool valid = key0 + row < k_end;
+        for (int i = 0; i < kChunks / 2; ++i) {
+          const int e = i * 32 + lane, row = e / kChunks, ch = e % kChunks;
+          const bool valid = key0 + row < k_end;
 #if KV_ADDRESSING == 0
-        // Contiguous: the row address is plain arithmetic, no shuffle needed.
-        long long k_off, v_off;
-        p.kv.locate(b, valid ? key0 + row : k_begin, k_off, v_off);
-        const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
-        const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
+          // Contiguous: the row address is plain arithmetic, no shuffle needed.
+          long long k_off, v_off;
+          p.kv.locate(b, valid ? key0 + row : k_begin, k_off, v_off);
+          const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
+          const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
 #else
-        // Lanes row and row + 16 both hold key key0 + row (invalid keys hold key k_begin: in range).
-        const Elem* k_row = shfl_pointer(k_mine, row);
-        const Elem* v_row = shfl_pointer(v_mine, row);
+          const Elem *k_row, *v_row;
+          if constexpr (kArithRows) {
+            // Rows past k_end are still inside the tile's page (page_size is a multiple of 16) and
+            // are zero-filled, never read.
+            k_row = k_mine + row * p.kv.k_stride1;
+            v_row = v_mine + row * p.kv.v_stride1;
+          } else {
+            // Lanes row and row + 16 both hold key key0 + row (invalid keys hold key k_begin: in range).
+            k_row = shfl_pointer(k_mine, row);
+            v_row = shfl_pointer(v_mine, row);
+          }
 #endif
-        cp_async_16_kv(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
-        cp_async_16_kv(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
+          cp_async_16_kv(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
+          cp_async_16_kv(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
+        }
+      };
+      if (page_tiles) {  // uniform over the CTA
+        copy_rows(std::true_type{});
+      } else {
+        copy_rows(std::false_type{});
       }
 #if INDEX_AHEAD
       // Advance the entries: the next call's is already here; the load for the one after is issued

@@ -6,7 +6,8 @@ Kernel part: GQA 32/8, head dim 128, bf16, one query token per sequence, at batc
 64x4096, 16x32768, 128x2048. Contenders: our decode over a contiguous cache, our paged decode (page
 size 16 and 256, pages shuffled in the pool), SDPA's flash and cuDNN backends on the contiguous cache.
 TB/s = bytes of K and V read (2 * B * L * H_kv * D * 2) / time; each call is timed inside a CUDA graph
-(10 calls per replay) so host overhead is not measured. The HBM read ceiling (a ``.sum()`` over 4 GB
+(10 calls per replay) so host overhead is not measured; every contender is timed once per pass, in at
+least 3 interleaved passes, and the median is reported (with the spread). The HBM read ceiling (a ``.sum()`` over 4 GB
 of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
 
 End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped model (8 layers,
@@ -33,6 +34,7 @@ import torch
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SHAPES = [(64, 4096), (16, 32768), (128, 2048)]
 CALLS_PER_GRAPH = 10
+FORMS = ("contiguous", "paged 16", "paged 256", "paged 16 in order")  # the sweep's forms of our decode
 
 
 def _graph_time_us(fn, replays: int) -> float:
@@ -64,11 +66,16 @@ def hbm_read_ceiling_tbs(replays: int) -> float:
     return x.numel() * 2 / (us * 1e-6) / 1e12
 
 
-def _paged_copy(k, v, page_size, generator):
-    """The contiguous caches (B, L, H_kv, D) scattered over a shuffled pool of pages."""
+def _paged_copy(k, v, page_size, generator, shuffled: bool = True):
+    """The contiguous caches (B, L, H_kv, D) scattered over a shuffled pool of pages (or laid out in
+    order: sequence b's pages are b * pages_per_seq + 0, 1, ..., the best case for address translation)."""
     batch, length = k.shape[:2]
     pages_per_seq = length // page_size
-    order = torch.randperm(batch * pages_per_seq, generator=generator).view(batch, pages_per_seq).cuda()
+    if shuffled:
+        order = torch.randperm(batch * pages_per_seq, generator=generator)
+    else:
+        order = torch.arange(batch * pages_per_seq)
+    order = order.view(batch, pages_per_seq).cuda()
     shape = (batch * pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
     k_pages, v_pages = torch.empty(shape, device="cuda", dtype=k.dtype), torch.empty(shape, device="cuda", dtype=k.dtype)
     k_pages[order] = k.view(batch, pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
@@ -88,10 +95,11 @@ def _sdpa(backend, q, k, v):
     return call
 
 
-def _our_forms(batch: int, length: int, generator: torch.Generator):
+def _our_forms(batch: int, length: int, generator: torch.Generator, in_order_pages: bool = False):
     """Random inputs of one shape and our three decode forms on them: returns q ``(B, 1, H, D)``,
     k / v ``(B, L, H_kv, D)`` views of ``(B, H_kv, L, D)`` storage (as the transformers cache holds
-    them), the K+V byte count, and ``{"contiguous" | "paged 16" | "paged 256": call}``."""
+    them), the K+V byte count, and ``{"contiguous" | "paged 16" | "paged 256": call}`` (shuffled
+    pages), plus ``"paged 16 in order"`` when ``in_order_pages``."""
     from hf_flashpatch.kernels import decode
 
     common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
@@ -106,10 +114,13 @@ def _our_forms(batch: int, length: int, generator: torch.Generator):
         forms[f"paged {page_size}"] = (
             lambda kp=k_pages, vp=v_pages, t=table: decode.paged_decode_forward(q, kp, vp, t, seqlens, **common)
         )
+    if in_order_pages:
+        k_pages, v_pages, table = _paged_copy(k.contiguous(), v.contiguous(), 16, generator, shuffled=False)
+        forms["paged 16 in order"] = lambda: decode.paged_decode_forward(q, k_pages, v_pages, table, seqlens, **common)
     return q, k, v, kv_bytes, forms
 
 
-def kernel_rows(results: list, quick: bool) -> None:
+def kernel_rows(results: list, quick: bool, rounds: int = 3) -> None:
     from torch.nn.attention import SDPBackend
 
     replays = 5 if quick else 20
@@ -126,22 +137,29 @@ def kernel_rows(results: list, quick: bool) -> None:
             "ours paged 256": forms["paged 256"],
         }
         reference = _sdpa(SDPBackend.MATH, q, k, v)().transpose(1, 2).float()  # (B, 1, H, D)
-        row, error = {}, {}
+        error, samples = {}, {}
         for name, fn in contenders.items():
             try:
                 result = fn()
                 out = result[0] if name.startswith("ours") else result.transpose(1, 2)
                 error[name] = (out.float() - reference).abs().max().item()  # sanity: same answer as SDPA math
-                us = _graph_time_us(fn, replays)
-                row[name] = kv_bytes / (us * 1e-6) / 1e12
             except Exception as exc:  # noqa: BLE001 - a peer backend that refuses the shape is reported, not fatal
                 print(f"{name} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
-                row[name], error[name] = float("nan"), float("nan")
+                error[name] = float("nan")
+        # Interleaved passes (every contender once per pass), median per contender: clock or thermal
+        # drift between passes moves every contender alike instead of favouring whoever ran first.
+        for _ in range(rounds):
+            for name, fn in contenders.items():
+                if error[name] == error[name]:  # not NaN: it ran above
+                    samples.setdefault(name, []).append(kv_bytes / (_graph_time_us(fn, replays) * 1e-6) / 1e12)
+        row = {name: sorted(samples[name])[len(samples[name]) // 2] if name in samples else float("nan")
+               for name in contenders}  # fmt: skip
         for name, tbs in row.items():
             results.append({
                 "name": name, "series": name, "panel": "decode TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
                 "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / row["sdpa cudnn"], "vs_hbm_ceiling": tbs / ceiling,
-                "max_abs_err_vs_sdpa_math": error[name],
+                "max_abs_err_vs_sdpa_math": error[name], "rounds": len(samples.get(name, [])),
+                "spread": max(samples.get(name, [tbs])) - min(samples.get(name, [tbs])),
             })  # fmt: skip
         del q, k, v, contenders, forms
 
@@ -191,7 +209,7 @@ def sweep_rows(results: list, quick: bool, variants=None, rounds: int = 1) -> No
     _precompile(variants)
     try:
         for batch, length in SHAPES:
-            q, k, v, kv_bytes, forms = _our_forms(batch, length, generator)
+            q, k, v, kv_bytes, forms = _our_forms(batch, length, generator, in_order_pages=True)
             cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v)
             os.environ[decode.VARIANT_ENV] = decode.DEFAULT_VARIANT
             reference = {form: fn()[0].float() for form, fn in forms.items()}  # (B, 1, H, D)
@@ -253,15 +271,14 @@ def print_sweep_table(results: list) -> None:
     by_key = {(r["x"], r["series"]): r for r in rows}
     for shape in dict.fromkeys(r["x"] for r in rows):
         cudnn = by_key[shape, "sdpa cudnn contiguous"]["value"]
-        for form in ("contiguous", "paged 16", "paged 256"):
+        for form in FORMS:
             cells = []
             for v in variants:
                 r = by_key.get((shape, f"{v} {form}"))
                 cells.append(f"{r['value']:.2f} ({r['vs_cudnn']:.3f})" if r else "-")
             print(f"{shape:<10} {form:<11} {cudnn:6.2f} " + " ".join(f"{c:>15}" for c in cells))
         splits = [str(by_key[shape, f"{v} paged 16"]["num_splits"]) for v in variants]
-        forms = ("contiguous", "paged 16", "paged 256")
-        errs = [max(by_key[shape, f"{v} {f}"]["max_abs_diff_vs_default"] for f in forms) for v in variants]
+        errs = [max(by_key[shape, f"{v} {f}"]["max_abs_diff_vs_default"] for f in FORMS) for v in variants]
         print(f"{shape:<10} {'splits':<11} {'':>6} " + " ".join(f"{s:>15}" for s in splits))
         print(f"{shape:<10} {'max diff':<11} {'':>6} " + " ".join(f"{e:>15.1e}" for e in errs))
 
@@ -314,7 +331,7 @@ def generate_rows(results: list, quick: bool) -> None:
 def run(results: list, quick: bool = False, sweep: bool = False, variants=None, rounds: int = 1,
         sweep_only: bool = False) -> None:  # fmt: skip
     if not sweep_only:
-        kernel_rows(results, quick)
+        kernel_rows(results, quick, rounds=max(rounds, 3))
     if sweep or sweep_only:
         sweep_rows(results, quick, variants, rounds)
     if sweep_only:

@@ -1,7 +1,7 @@
 """CPU check of the decode kernels: every build of the default variant (head dims x dtypes x
 contiguous / block-table / slot addressing x softcap) and kv_append compile for sm_90a without
-register spills, and so do the D=128 builds of the table-read-ahead candidates (``ahead``,
-``ahead_l2``: the head dim they are measured at). The other variants are compiled by
+register spills, and so do the D=128 builds of the candidates with builds of their own
+(``CANDIDATE_VARIANTS``: the head dim they are measured at). The other variants are compiled by
 ``hf-flashpatch doctor --compile`` and on the GPU by ``tests/gpu/test_decode.py``. Also the
 split-KV heuristic's launch-side ``min_waves`` policy (plain arithmetic)."""
 
@@ -22,7 +22,7 @@ from hf_flashpatch.kernels.decode import (
 )
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
-CANDIDATE_VARIANTS = ("ahead", "ahead_l2")  # their own builds (waves2 / waves4 reuse the default's)
+CANDIDATE_VARIANTS = ("ahead", "ahead_l2", "pages_waves2", "pages_qregs_waves2", "ahead_qregs_waves2")
 
 
 def _default_builds():
@@ -78,3 +78,15 @@ def test_min_waves_split_policy():
     assert variant_config(128, True, "block_table", False, "ahead_waves2").build() == (
         variant_config(128, True, "block_table", False, "ahead").build()
     )
+
+
+def test_page_tiles_switch_only_changes_the_block_table_build():
+    """``page_tiles`` addresses pages, so the contiguous and slot builds of a variant with it are the
+    builds of the variant it extends (no duplicate cubins), and only the block-table build differs."""
+    for addressing in ("contiguous", "slot"):
+        assert variant_config(128, True, addressing, False, "pages_waves2").build() == (
+            variant_config(128, True, addressing, False, "ahead_waves2").build()
+        )
+    paged = variant_config(128, True, "block_table", False, "pages_waves2").build()
+    assert paged != variant_config(128, True, "block_table", False, "ahead_waves2").build()
+    assert ("PAGE_TILES", "1") in paged.defines

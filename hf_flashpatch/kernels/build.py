@@ -67,6 +67,15 @@ def arch_for_capability(major: int, minor: int) -> str:
     return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
+def variant_from_env(env_var: str, default: str, names) -> str:
+    """The kernel variant named by ``$env_var`` (unset or empty: ``default``), checked against ``names``
+    (read at every launch, so a CUDA graph captured after setting it records that variant)."""
+    name = os.environ.get(env_var) or default
+    if name not in names:
+        raise ValueError(f"{env_var} must be one of {sorted(names)}, got {name!r}")
+    return name
+
+
 @dataclass(frozen=True)
 class KernelBuild:
     """What to compile: one ``cuda/`` source with ``-D`` macros. Kernels make these from their config."""

@@ -26,139 +26,35 @@ from __future__ import annotations
 
 import functools
 import math
-import os
-from dataclasses import dataclass
 
 import torch
 
 from ..errors import KernelUnsupported
 from .build import KernelBuild, device_arch, get_kernel
+from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
+    ADDRESSING,
+    DEFAULT_VARIANT,
+    MAX_ROWS_PER_KV_HEAD,
+    MIN_KEYS_PER_SPLIT,
+    ROWS_PER_CTA,
+    SUPPORTED_HEAD_DIMS,
+    TILE_KEYS,
+    VARIANT_ENV,
+    VARIANTS,
+    WARPS,
+    DecodeConfig,
+    all_builds,
+    choose_num_splits,
+    ctas_per_sm,
+    selected_variant,
+    variant_config,
+)
 
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
-MAX_ROWS_PER_KV_HEAD = 64  # S_q * group above this goes to the forward kernel
-ROWS_PER_CTA = 16  # one mma M tile (cuda/decode.cu kRows)
-WARPS = 4
-TILE_KEYS = 16
-MIN_KEYS_PER_SPLIT = 256
-
-ADDRESSING = {"contiguous": 0, "block_table": 1, "slot": 2}
 
 # Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
 _DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPiPqiP" + "PqqqPqqqPP" + "iiiiiiffii"
 _APPEND_ARG_TYPES = "PPqqqqPPqqqqPiii"
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Compile-time parameters of one decode kernel variant (the compile-cache key)."""
-
-    head_dim: int
-    bf16: bool
-    addressing: str  # "contiguous" | "block_table" | "slot"
-    softcap: bool
-    stages: int = 3  # cp.async pipeline depth per warp
-    # Bandwidth variants (cuda/decode.cu header); all False is the original kernel.
-    l2_prefetch: bool = False  # cp.async .L2::256B: whole 256-byte rows per DRAM request
-    coalesced_loads: bool = False  # each copy instruction covers whole rows (512 consecutive bytes)
-    stagger_tiles: bool = False  # CTA-dependent rotation of each warp's tile order
-    early_issue: bool = False  # refill the freed slot before waiting: STAGES tiles in flight
-    q_in_regs: bool = False  # Q mma fragments held in registers (D <= 128), not re-read per tile
-    index_ahead: bool = False  # page / slot table entries loaded one tile early (needs coalesced_loads)
-    l2_ahead: bool = False  # entries two tiles early + the next tile's rows prefetched into L2 (needs index_ahead)
-    # Launch side, not compiled: when the grid is split (fewer CTAs than one wave), split so it
-    # holds about this many waves (1: the wave-efficiency heuristic alone, choose_num_splits).
-    min_waves: int = 1
-
-    def build(self, arch: str = "sm_90a") -> KernelBuild:
-        defines = (
-            ("HEAD_DIM", str(self.head_dim)),
-            ("ELEM_BF16", str(int(self.bf16))),
-            ("KV_ADDRESSING", str(ADDRESSING[self.addressing])),
-            ("SOFTCAP", str(int(self.softcap))),
-            ("STAGES", str(self.stages)),
-        )
-        # Only switched-on variant macros are passed: the default build keeps its original defines.
-        switches = (
-            ("L2_PREFETCH", self.l2_prefetch),
-            ("COALESCED_LOADS", self.coalesced_loads),
-            ("STAGGER_TILES", self.stagger_tiles),
-            ("EARLY_ISSUE", self.early_issue),
-            ("Q_IN_REGS", self.q_in_regs),
-            ("INDEX_AHEAD", self.index_ahead),
-            ("L2_AHEAD", self.l2_ahead),
-        )
-        defines += tuple((name, "1") for name, on in switches if on)
-        return KernelBuild("decode.cu", defines, arch)
-
-    @property
-    def shared_bytes(self) -> int:
-        # Q tile [16][D] + per warp STAGES x (K tile, V tile) of [16][D], 2-byte elements.
-        return 2 * (ROWS_PER_CTA * self.head_dim + WARPS * self.stages * 2 * TILE_KEYS * self.head_dim)
-
-
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
-
-VARIANT_ENV = "HF_FLASHPATCH_DECODE_VARIANT"
-# name -> DecodeConfig fields it sets. "default" is the GPU-verified original; the others are
-# candidates to be measured (scripts/bench_decode.py --sweep) before becoming the default.
-VARIANTS: dict[str, dict[str, bool | int]] = {
-    "default": {},
-    "prefetch": {"l2_prefetch": True},
-    "coalesced": {"coalesced_loads": True},
-    "stagger": {"stagger_tiles": True},
-    "early": {"early_issue": True},
-    "qregs": {"q_in_regs": True},
-    "fast_nostagger": {"l2_prefetch": True, "coalesced_loads": True, "early_issue": True, "q_in_regs": True},
-    "fast": {
-        "l2_prefetch": True, "coalesced_loads": True, "stagger_tiles": True, "early_issue": True, "q_in_regs": True
-    },
-    # Candidates for paged 16 at 16x32768 (the one shape under 0.95x cuDNN with "coalesced"), all on
-    # top of the coalesced loads: the table read off the copy's critical path, one more tile in
-    # flight through L2, and more split-KV CTAs (about 2 or 4 waves instead of one) for the shapes
-    # that split.
-    "ahead": {"coalesced_loads": True, "index_ahead": True},
-    "ahead_l2": {"coalesced_loads": True, "index_ahead": True, "l2_ahead": True},
-    "waves2": {"coalesced_loads": True, "min_waves": 2},
-    "waves4": {"coalesced_loads": True, "min_waves": 4},
-    "ahead_waves2": {"coalesced_loads": True, "index_ahead": True, "min_waves": 2},
-    "ahead_waves4": {"coalesced_loads": True, "index_ahead": True, "min_waves": 4},
-}
-
-
-# The variant used when the environment names none. History: "coalesced" (512-byte coalesced row loads)
-# won the first sweep (results/2026-11-29_9cf0ea0_backward-decode-variants: 4.45 / 4.36 / 4.41 TB/s
-# contiguous / paged 16 / paged 256 at 64x4096 against the original's 3.29 / 3.31 / 3.40). Its one cell
-# under 0.95x cuDNN, paged 16 at 16x32768 (0.938), rose to 0.952 with "ahead_waves2" (page ids read one
-# tile early, split grids of about two waves) in results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates;
-# every other cell moved by less than 0.7 % (contiguous 16x32768: 0.974 -> 0.968).
-DEFAULT_VARIANT = "ahead_waves2"
-
-
-def selected_variant() -> str:
-    """The variant named by ``$HF_FLASHPATCH_DECODE_VARIANT`` (unset or empty: ``DEFAULT_VARIANT``)."""
-    name = os.environ.get(VARIANT_ENV) or DEFAULT_VARIANT
-    if name not in VARIANTS:
-        raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {name!r}")
-    return name
-
-
-def variant_config(head_dim: int, bf16: bool, addressing: str, softcap: bool, variant: str) -> DecodeConfig:
-    return DecodeConfig(head_dim, bf16, addressing, softcap, **VARIANTS[variant])
-
-
-def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
-    """Every decode build the launchers can request (for the CI compile check), plus kv_append.
-    Variants that differ only on the launch side (``min_waves``) share builds; each build is listed once."""
-    builds = [
-        variant_config(d, bf16, addressing, softcap, variant).build(arch)
-        for variant in VARIANTS
-        for d in SUPPORTED_HEAD_DIMS
-        for bf16 in (True, False)
-        for addressing in ADDRESSING
-        for softcap in (False, True)
-    ]
-    return list(dict.fromkeys(builds)) + [KernelBuild("kv_append.cu", (), arch)]
-
 
 # ------------------------------------------------------------------------------------ heuristics
 
@@ -166,33 +62,6 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def ctas_per_sm(config: DecodeConfig) -> int:
-    """Resident CTAs per SM: shared memory bound (228 KB/SM, 1 KB reserved per CTA), at most 4."""
-    return max(1, min(4, (228 * 1024) // (config.shared_bytes + 1024)))
-
-
-def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int, min_waves: int = 1) -> int:
-    """Split-KV factor. Already a full wave of CTAs: 1 (splitting only adds the combine pass).
-    Otherwise the smallest split whose wave efficiency (CTAs / slots of the last wave) is within 5%
-    of the best reachable, with at least ``MIN_KEYS_PER_SPLIT`` keys per split so the per-warp
-    pipelines have a few tiles each. ``min_waves > 1`` (a launch-side variant) also asks the split
-    grid for at least 90% of ``min_waves`` waves, so the block scheduler can even out CTAs that
-    finish at different times instead of the whole grid draining at once."""
-    slots = sm_count * resident_per_sm
-    if ctas >= slots:
-        return 1
-    max_splits = max(1, min(64, typical_keys // MIN_KEYS_PER_SPLIT))
-
-    def efficiency(s: int) -> float:
-        n = ctas * s
-        return n / (math.ceil(n / slots) * slots)
-
-    best = max(efficiency(s) for s in range(1, max_splits + 1))
-    enough_waves = (lambda s: ctas * s >= 0.9 * min_waves * slots) if min_waves > 1 else (lambda s: True)
-    fitting = [s for s in range(1, max_splits + 1) if efficiency(s) >= 0.95 * best and enough_waves(s)]
-    return fitting[0] if fitting else max_splits
 
 
 # ------------------------------------------------------------------------------------ checks

@@ -18,8 +18,9 @@ the throughputs those of ``scripts/bench_forward.py --sweep`` on an H200 (``note
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from .build import variant_from_env
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,7 @@ VARIANT_ENV = "HF_FLASHPATCH_FWD_VARIANT"
 
 def selected_variant() -> str:
     """The forward variant in force: ``HF_FLASHPATCH_FWD_VARIANT`` if set, else :data:`DEFAULT_VARIANT`."""
-    name = os.environ.get(VARIANT_ENV) or DEFAULT_VARIANT
-    if name not in VARIANTS:
-        raise ValueError(f"{VARIANT_ENV} must be one of {VARIANTS}, got {name!r}")
-    return name
+    return variant_from_env(VARIANT_ENV, DEFAULT_VARIANT, VARIANTS)
 
 
 def forward_tile_shape(head_dim: int, arch: str = "sm_80", variant: str | None = None,

@@ -208,6 +208,29 @@ def test_paged_and_slot_equal_unpaged(page_size, batch, max_len, heads, kv_heads
         _check_against_oracle(ref_out, ref_lse, q, k, v, seqlens, -1, 0, 0.0, 0.088)
 
 
+@pytest.mark.parametrize("page_size, window_left", [(16, 100), (32, 37), (16, 64)])
+def test_paged_window_equals_unpaged(page_size, window_left, variant):
+    """Sliding windows start a CTA's keys mid-tile unless the window is a multiple of 16 (100 and 37:
+    the per-key addressing form inside the page-tile builds; 64: whole tiles), across page boundaries."""
+    gen = torch.Generator().manual_seed(page_size + window_left)
+    batch, max_len, heads, kv_heads = 6, 1500, 16, 4
+    q = torch.randn(batch, 2, heads, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(batch, max_len, kv_heads, 128, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(batch, max_len, kv_heads, 128, device=DEV, dtype=torch.bfloat16)
+    seqlens = torch.tensor([1500, 1, 117, 640, 999, 33], device=DEV, dtype=torch.int32)
+    k_pages, v_pages, table = _page(k, v, seqlens, page_size, gen)
+    common = dict(causal=True, softmax_scale=0.088, window_left=window_left, window_right=0, softcap=0.0)
+    ref_out, ref_lse = decode.decode_forward(q, k, v, seqlens, **common)
+    _check_against_oracle(ref_out, ref_lse, q, k, v, seqlens, window_left, 0, 0.0, 0.088)
+    _poison_allocator()
+    out, lse = decode.paged_decode_forward(q, k_pages, v_pages, table, seqlens, **common)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
+
+
 def test_slot_varlen_packed_queries(variant):
     """Packed continuous-batching form: sequences with 1, 3, 0 and 7 queries, padded rows after them."""
     heads, kv_heads, d = 16, 4, 128
