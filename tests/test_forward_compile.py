@@ -17,7 +17,7 @@ import torch
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 from hf_flashpatch.kernels.forward import SUPPORTED_HEAD_DIMS, ForwardConfig, all_builds, attention_forward
-from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, HOPPER_VARIANTS, VARIANTS, forward_tile_shape
+from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, DEFAULT_VARIANT, HOPPER_VARIANTS, VARIANTS, forward_tile_shape
 
 BUILDS = all_builds()
 # the sweep's extra tile shapes compile here too, so a device run never meets a spilling candidate
@@ -116,11 +116,20 @@ def test_all_builds_cover_every_variant_dtype_head_dim_and_mask():
     assert set(VARIANTS) == {"mma", *HOPPER_VARIANTS}
 
 
-def test_default_hopper_variant_picks_the_overlapped_body_for_masked_d128_only():
+def test_wgmma_variant_picks_the_overlapped_body_for_masked_d128_only():
     plain = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=False)
     masked = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=True)
     assert plain.wgmma and not plain.overlap and masked.wgmma and masked.overlap
     assert not forward_tile_shape(64, "sm_90a", "wgmma", has_mask=True).overlap
+
+
+def test_default_hopper_variant_is_warp_specialised_except_unmasked_d64():
+    assert DEFAULT_VARIANT == "hopper"
+    for head_dim, has_mask in ((128, False), (128, True), (64, True)):
+        assert forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask).warp_specialized, (head_dim, has_mask)
+    plain_d64 = forward_tile_shape(64, "sm_90a", has_mask=False)
+    assert plain_d64.wgmma and not plain_d64.warp_specialized and not plain_d64.overlap
+    assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
 def test_wgmma_body_only_on_sm90a():

@@ -119,8 +119,11 @@ VARIANTS: dict[str, dict[str, bool | int]] = {
 # contiguous / paged 16 / paged 256 at 64x4096 against the original's 3.29 / 3.31 / 3.40). Its one cell
 # under 0.95x cuDNN, paged 16 at 16x32768 (0.938), rose to 0.952 with "ahead_waves2" (page ids read one
 # tile early, split grids of about two waves) in results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates;
-# every other cell moved by less than 0.7 % (contiguous 16x32768: 0.974 -> 0.968).
-DEFAULT_VARIANT = "ahead_waves2"
+# every other cell moved by less than 0.7 % (contiguous 16x32768: 0.974 -> 0.968). Then "pages_waves2" (one
+# table read per tile, no pointer shuffles) in results/2026-12-01_903f257_ws-forward-page-tiles (5 interleaved
+# rounds): paged 16 / 256 at 16x32768 0.957 / 0.962 of cuDNN against ahead_waves2's 0.952 / 0.957 in the same
+# passes, 128x2048 paged 16 0.975 vs 0.960, every other cell equal or up to +0.8 %.
+DEFAULT_VARIANT = "pages_waves2"
 
 
 def selected_variant() -> str:

@@ -89,7 +89,7 @@ def test_variant_body_is_the_one_launched(forward_variant, monkeypatch):
     q, k, v = _qkv(1, 239, 239, 4, 2, 128, torch.bfloat16)
     out, lse = _run(q, k, v, causal=True)
     _check(out, lse, q, k, v, causal=True)
-    expected = {"mma": "fwd.cu", "wgmma_ws": "fwd_hopper_ws.cu"}.get(forward_variant, "fwd_hopper.cu")
+    expected = {"mma": "fwd.cu", "wgmma_ws": "fwd_hopper_ws.cu", "hopper": "fwd_hopper_ws.cu"}.get(forward_variant, "fwd_hopper.cu")
     assert launched and launched[-1][0] == expected, launched
 
 
