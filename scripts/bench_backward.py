@@ -296,6 +296,68 @@ def run_training(results: list, quick: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
+def _packed_documents(total: int, seed: int = 0) -> list[int]:
+    """Lengths of documents (256-4096 tokens, a fixed draw) packed into one ``total``-token row."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths: list[int] = []
+    while sum(lengths) < total:
+        lengths.append(min(int(torch.randint(256, 4097, (1,), generator=generator)), total - sum(lengths)))
+    return lengths
+
+
+def _packed_step(model, lengths: list[int]) -> float:
+    """One forward + backward on documents packed in one row, as ``DataCollatorWithFlattening`` gives them:
+    input_ids ``(1, T)``, position_ids restarting at 0 per document, no attention mask. Returns the loss."""
+    total = sum(lengths)
+    ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=_PACKED_IDS)
+    position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]  # (1, T)
+    loss = model(input_ids=ids, position_ids=position_ids, labels=ids).loss
+    loss.backward()
+    for p in model.parameters():
+        p.grad = None
+    return loss.item()
+
+
+_PACKED_IDS = None  # a CUDA generator, created on first use (same token ids for every backend)
+
+
+def run_training_packed(results: list, quick: bool = False) -> None:
+    """Tokens/s of forward + backward on a 16k-token row of packed documents (long-context fine-tuning
+    with ``DataCollatorWithFlattening``). transformers gives ``sdpa`` a block-diagonal mask built from the
+    position ids (SDPA's flash and cuDNN kernels take no such mask, so torch picks another); ``hfpatch``
+    reads the document starts from the position ids and runs its varlen kernels. The first step's loss is
+    recorded per backend: all of them compute the same function, so the losses must agree."""
+    global _PACKED_IDS
+    from hf_flashpatch import ATTN_NAME
+
+    layers = 4 if quick else 16
+    total = 16384
+    lengths = _packed_documents(total)
+    for attn in ("sdpa", ATTN_NAME):
+        torch.manual_seed(0)  # same random weights for every backend
+        model = _llama_1b(layers, attn)
+        _PACKED_IDS = torch.Generator(device="cuda").manual_seed(0)
+        try:
+            loss = _packed_step(model, lengths)  # warm-up; same ids and weights for every backend
+            torch.cuda.synchronize()
+            steps = 3
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                _packed_step(model, lengths)
+            torch.cuda.synchronize()
+            tok_s = steps * total / (time.perf_counter() - t0)
+            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd, packed documents",
+                                series=attn, seqlen=total, head_dim=64, causal=True, x=f"{total} ({len(lengths)} docs)",
+                                value=tok_s, unit="tokens/s"))  # fmt: skip
+            results.append(dict(part="backward", panel="packed documents: first-step loss (must agree)", series=attn,
+                                x=f"{total} ({len(lengths)} docs)", value=loss, unit="nats"))  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run the packed batch is reported
+            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd, packed documents",
+                                series=attn, x=f"{total}", value=None, error=f"{type(exc).__name__}: {exc}"[:200]))  # fmt: skip
+        del model
+        torch.cuda.empty_cache()
+
+
 def _fits(attn: str, seqlen: int) -> bool:
     model = None
     try:
@@ -334,7 +396,7 @@ def run_max_seqlen(results: list, limit: int = 160 * 1024, unit: int = 4096) -> 
 def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False) -> None:
     """Append the kernel, training-speed, (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit
     rows to ``results``. A part that fails is reported as an error row and the next part still runs."""
-    parts = [lambda r: run_kernels(r, quick), lambda r: run_training(r, quick)]
+    parts = [lambda r: run_kernels(r, quick), lambda r: run_training(r, quick), lambda r: run_training_packed(r, quick)]
     parts += [sweep_configs] if sweep else []
     parts += [run_max_seqlen] if max_seqlen else []
     for part in parts:
