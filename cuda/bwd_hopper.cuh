@@ -44,6 +44,15 @@ constexpr bool kHRetireBeforeDq = kD == 128;
 #define BWD_WGMMA_PIPELINED 1
 #endif
 constexpr bool kHPipelined = BWD_WGMMA_PIPELINED != 0 && !HAS_SOFTCAP;
+#ifndef BWD_WGMMA_DQ_OWN  // 1 (d64): each warpgroup adds dQ's partial over its own 64 keys every step
+#define BWD_WGMMA_DQ_OWN 0
+#endif
+// dQ_w = dS_w K_w over the warpgroup's own keys: only its own dS^T rows are read, so the barrier between
+// storing dS^T and dQ joins the warpgroup's 128 threads instead of the block, both warpgroups do the same
+// work every step (the alternating form gives one of them the whole 128-key product), and neither waits for
+// the other until the next step's stage barrier. Costs twice the dQ atomics (two 64 x 64 partials per step).
+constexpr bool kHDqOwnKeys = BWD_WGMMA_DQ_OWN != 0;
+static_assert(!kHDqOwnKeys || kD == 64, "per-warpgroup dQ partials are a d64 form (d128 splits dQ's columns)");
 static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
@@ -275,7 +284,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     fence_operands(dk_acc);
 
     fence_proxy_async_shared();  // dS^T written by plain stores, read by the tensor cores
-    __syncthreads();             // (B)
+    if constexpr (kHDqOwnKeys) {
+      named_barrier_sync(1 + wg, 128);  // (B) this warpgroup's dS^T rows are in shared memory
+    } else {
+      __syncthreads();  // (B) both halves
+    }
     if constexpr (kHRetireBeforeDq) {
       wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
       fence_operands(dv_acc);
@@ -288,16 +301,20 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     }
 
     // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
-    const bool dq_here = kHDqSplit || (step & 1) == wg;
+    const bool dq_here = kHDqSplit || kHDqOwnKeys || (step & 1) == wg;
     float dq[kHDqCols / 2];
     if (dq_here) {
       const uint32_t k_cols = k_t + (kHDqSplit ? wg : 0) * (kHBlockN * kHRowBytes);  // this warpgroup's columns
+      // The keys summed over: all 128, or (kHDqOwnKeys) this warpgroup's 64, 16 per k-step.
+      constexpr int kDqKSteps = kHDqOwnKeys ? 64 / 16 : kHBlockN / 16;
+      const int kk0 = kHDqOwnKeys ? wg * kDqKSteps : 0;
       fence_operands(dq);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kHBlockN / 16; ++kk) {
-        const uint64_t da = sw128_descriptor(ds_t + kk * 16 * kHRowBytes, kHDsBytes, kSwizzleAtomBytes);
-        const uint64_t db = sw128_descriptor(k_cols + kk * 16 * kHRowBytes, kHKvBytes, kSwizzleAtomBytes);
+      for (int kk = 0; kk < kDqKSteps; ++kk) {
+        const uint32_t key_rows = (kk0 + kk) * 16 * kHRowBytes;
+        const uint64_t da = sw128_descriptor(ds_t + key_rows, kHDsBytes, kSwizzleAtomBytes);
+        const uint64_t db = sw128_descriptor(k_cols + key_rows, kHKvBytes, kSwizzleAtomBytes);
         sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
       }
       wgmma_commit();

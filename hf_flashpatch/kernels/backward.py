@@ -85,6 +85,7 @@ class BackwardConfig:
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
     wgmma_pipelined: bool = True  # wgmma body: form P^T while dP^T runs and dS^T while dV runs (no softcap)
+    wgmma_dq_own_keys: bool = False  # wgmma body, d64: dQ partial per warpgroup over its own keys, every step
 
     @property
     def block_n(self) -> int:
@@ -154,6 +155,7 @@ class BackwardConfig:
             if self.arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
             defines += (("BWD_WGMMA", 1),) + (() if self.wgmma_pipelined else (("BWD_WGMMA_PIPELINED", 0),))
+            defines += (("BWD_WGMMA_DQ_OWN", 1),) if self.wgmma_dq_own_keys else ()
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
@@ -190,6 +192,9 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     "wgmma": (_TILED_DIMS, {"body": "wgmma"}),
     # the same with one wait for S^T and dP^T and one pass forming P^T and dS^T (as measured in 19dc1b8)
     "wgmma_serial": (frozenset({(64, False), (128, False)}), {"body": "wgmma", "wgmma_pipelined": False}),
+    # d64: each warpgroup adds dQ over its own 64 keys every step (no block barrier between dS^T and dQ,
+    # equal work per warpgroup; twice the dQ atomics) instead of one warpgroup per step over all 128 keys
+    "wgmma_dq_own": (frozenset({(64, False), (64, True)}), {"body": "wgmma", "wgmma_dq_own_keys": True}),
 }
 
 
