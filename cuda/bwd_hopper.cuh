@@ -53,12 +53,22 @@ constexpr bool kHPipelined = BWD_WGMMA_PIPELINED != 0 && !HAS_SOFTCAP;
 // the other until the next step's stage barrier. Costs twice the dQ atomics (two 64 x 64 partials per step).
 constexpr bool kHDqOwnKeys = BWD_WGMMA_DQ_OWN != 0;
 static_assert(!kHDqOwnKeys || kD == 64, "per-warpgroup dQ partials are a d64 form (d128 splits dQ's columns)");
+#ifndef BWD_DQ_BULK  // 1: dQ partials go through shared memory to the copy engine's bulk fp32 reduction
+#define BWD_DQ_BULK 0
+#endif
+// Instead of 16 float2 atomics per thread and step, the warpgroup stages its 64 x 64 fp32 dQ partial in shared
+// memory (rows padded to 272 bytes: two wavefronts per store, the fewest for 8 rows x 32 bytes) and 64 of its
+// threads each hand one 256-byte row to cp.reduce.async.bulk, which adds it in L2 while the warps go on.
+constexpr bool kHDqBulk = BWD_DQ_BULK != 0;
+constexpr int kHDqStageRowBytes = kHDqCols * 4 + 16;
+constexpr int kHDqStageBytes = kHBlockM * kHDqStageRowBytes;  // one warpgroup's staging buffer
 static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, 2 stages of Q and dO,
 // dS^T, and 2 stages of lse2 / D. hf_flashpatch/kernels/backward.py mirrors this sum.
-constexpr int kHSmemBytes = 2 * kHKvBytes + 4 * kHQBytes + kHDsBytes + 4 * kHBlockM * 4;
+constexpr int kHSmemBytes =
+    2 * kHKvBytes + 4 * kHQBytes + kHDsBytes + 4 * kHBlockM * 4 + (kHDqBulk ? 2 * kHDqStageBytes : 0);
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -143,6 +153,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(
   const uint32_t ds_t = do_t + 2 * kHQBytes;       // SW128 (128 keys, 64 queries): dS^T
   float* lse_s = reinterpret_cast<float*>(smem_raw + (ds_t + kHDsBytes - raw));  // (2, 64)
   float* dvec_s = lse_s + 2 * kHBlockM;                                          // (2, 64)
+  // kHDqBulk: (2 warpgroups, 64 query rows, kHDqStageRowBytes) dQ staging, after lse / D (16-byte aligned)
+  const uint32_t dq_stage = ds_t + kHDsBytes + 4 * kHBlockM * 4;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;
@@ -329,20 +341,47 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     }
     if (dq_here) {
       fence_operands(dq);
-      const int q_row = (warp & 3) * 16 + g;  // query within the step
       const int col0 = kHDqSplit ? wg * 64 : 0;
-      const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
-      float* dst = dq_accum + ws_row * kD + col0;
+      if constexpr (kHDqBulk) {
+        // Thread r < 64 of the warpgroup owns staging row r: it waits until its previous bulk reduction has
+        // read the row, the warpgroup fills the rows, and it hands row r (query m0 + r) to the copy engine.
+        const int wg_tid = tid & 127, stage_q = (warp & 3) * 16 + g;
+        const uint32_t stage = dq_stage + wg * kHDqStageBytes;
+        if (wg_tid < kHBlockM) bulk_wait_read<0>();
+        named_barrier_sync(1 + wg, 128);  // the staging rows are free
 #pragma unroll
-      for (int j = 0; j < kHDqCols / 8; ++j) {
-        const int col = j * 8 + 2 * t4;
-        if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
-        if (m0 + q_row + 8 < sq.y)
-          atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+        for (int j = 0; j < kHDqCols / 8; ++j) {
+          const int col = j * 8 + 2 * t4;
+          *reinterpret_cast<float2*>(smem_raw + (stage - raw) + stage_q * kHDqStageRowBytes + col * 4) =
+              make_float2(dq[4 * j], dq[4 * j + 1]);
+          *reinterpret_cast<float2*>(smem_raw + (stage - raw) + (stage_q + 8) * kHDqStageRowBytes + col * 4) =
+              make_float2(dq[4 * j + 2], dq[4 * j + 3]);
+        }
+        fence_proxy_async_shared();       // plain stores, read by the copy engine
+        named_barrier_sync(1 + wg, 128);  // every row is written
+        if (wg_tid < kHBlockM && m0 + wg_tid < sq.y) {
+          const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + wg_tid;
+          bulk_reduce_add_f32(dq_accum + ws_row * kD + col0, stage + wg_tid * kHDqStageRowBytes, kHDqCols * 4);
+        }
+        if (wg_tid < kHBlockM) bulk_commit();
+      } else {
+        const int q_row = (warp & 3) * 16 + g;  // query within the step
+        const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
+        float* dst = dq_accum + ws_row * kD + col0;
+#pragma unroll
+        for (int j = 0; j < kHDqCols / 8; ++j) {
+          const int col = j * 8 + 2 * t4;
+          if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
+          if (m0 + q_row + 8 < sq.y)
+            atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+        }
       }
     }
   }
   cp_async_wait<0>();
+  if constexpr (kHDqBulk) {
+    if ((tid & 127) < kHBlockM) bulk_wait<0>();  // the staging rows are read and the reductions done before exit
+  }
 
   // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
   const int64_t row8 = int64_t(8) * kv_heads * kD;

@@ -86,6 +86,7 @@ class BackwardConfig:
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
     wgmma_pipelined: bool = True  # wgmma body: form P^T while dP^T runs and dS^T while dV runs (no softcap)
     wgmma_dq_own_keys: bool = False  # wgmma body, d64: dQ partial per warpgroup over its own keys, every step
+    wgmma_dq_bulk: bool = False  # wgmma body: dQ partials via shared memory + bulk async fp32 reductions
 
     @property
     def block_n(self) -> int:
@@ -156,6 +157,7 @@ class BackwardConfig:
                 raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
             defines += (("BWD_WGMMA", 1),) + (() if self.wgmma_pipelined else (("BWD_WGMMA_PIPELINED", 0),))
             defines += (("BWD_WGMMA_DQ_OWN", 1),) if self.wgmma_dq_own_keys else ()
+            defines += (("BWD_DQ_BULK", 1),) if self.wgmma_dq_bulk else ()
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
@@ -163,7 +165,8 @@ class BackwardConfig:
         if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
             keys, queries = 128, 64
             tiles = 2 * keys * self.head_dim + 4 * queries * self.head_dim + keys * queries  # K, V, Q/dO x2, dS^T
-            return 2 * tiles + 4 * 4 * queries + 1024
+            dq_stage = 2 * queries * (64 * 4 + 16) if self.wgmma_dq_bulk else 0  # 2 warpgroups x 64 padded rows
+            return 2 * tiles + 4 * 4 * queries + dq_stage + 1024
         if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
             m = self.tiled_block_m
             elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
@@ -195,6 +198,9 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     # d64: each warpgroup adds dQ over its own 64 keys every step (no block barrier between dS^T and dQ,
     # equal work per warpgroup; twice the dQ atomics) instead of one warpgroup per step over all 128 keys
     "wgmma_dq_own": (frozenset({(64, False), (64, True)}), {"body": "wgmma", "wgmma_dq_own_keys": True}),
+    # dQ partials staged in shared memory and added by the copy engine (cp.reduce.async.bulk) instead of
+    # per-thread float2 atomics
+    "wgmma_bulk": (_TILED_DIMS, {"body": "wgmma", "wgmma_dq_bulk": True}),
 }
 
 
