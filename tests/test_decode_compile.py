@@ -90,3 +90,7 @@ def test_page_tiles_switch_only_changes_the_block_table_build():
     paged = variant_config(128, True, "block_table", False, "pages_waves2").build()
     assert paged != variant_config(128, True, "block_table", False, "ahead_waves2").build()
     assert ("PAGE_TILES", "1") in paged.defines
+    # D = 32 keeps the per-key copy form (its page-tile build spills in the prologue)
+    assert variant_config(32, True, "block_table", False, "pages_waves2").build() == (
+        variant_config(32, True, "block_table", False, "ahead_waves2").build()
+    )

@@ -66,8 +66,9 @@ class DecodeConfig:
             ("INDEX_AHEAD", self.index_ahead),
             ("L2_AHEAD", self.l2_ahead),
             # Only the block-table form has pages: the other forms' builds stay shared with the variant
-            # this one extends.
-            ("PAGE_TILES", self.page_tiles and self.addressing == "block_table"),
+            # this one extends. D = 32 keeps the per-key form: with both copy forms ptxas spills 4 bytes
+            # in its prologue (the other head dims compile spill-free).
+            ("PAGE_TILES", self.page_tiles and self.addressing == "block_table" and self.head_dim != 32),
         )
         defines += tuple((name, "1") for name, on in switches if on)
         return KernelBuild("decode.cu", defines, arch)

@@ -37,6 +37,7 @@ def _compile_variants_in_parallel():
     shapes = {(d, True, "contiguous", False) for d in (32, 64, 96, 128, 256)}
     shapes |= {(64, True, "contiguous", True), (128, False, "contiguous", False)}
     shapes |= {(128, True, "block_table", False), (128, True, "slot", False)}
+    shapes |= {(d, True, "block_table", False) for d in (32, 64, 96, 256)}
     # A set: variants that differ only on the launch side (min_waves) share their builds.
     builds = {decode.variant_config(*shape, name).build(arch) for name in decode.VARIANTS for shape in shapes}
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -206,6 +207,28 @@ def test_paged_and_slot_equal_unpaged(page_size, batch, max_len, heads, kv_heads
     torch.testing.assert_close(slot_lse, ref_lse, atol=1e-3, rtol=1e-4)
     if batch <= 12:  # the un-paged path itself against the oracle
         _check_against_oracle(ref_out, ref_lse, q, k, v, seqlens, -1, 0, 0.0, 0.088)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 256])
+@pytest.mark.parametrize("page_size", [16, 48])
+def test_paged_other_head_dims_equal_unpaged(head_dim, page_size, variant):
+    """The paged copy forms at every supported head dim (the grid above runs D = 128): paged == the
+    un-paged contiguous path, which itself matches the fp32 oracle."""
+    gen = torch.Generator().manual_seed(head_dim + page_size)
+    batch, max_len, heads, kv_heads = 4, 700, 8, 2
+    q = torch.randn(batch, 1, heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(batch, max_len, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(batch, max_len, kv_heads, head_dim, device=DEV, dtype=torch.bfloat16)
+    seqlens = torch.tensor([700, 1, 239, 513], device=DEV, dtype=torch.int32)
+    k_pages, v_pages, table = _page(k, v, seqlens, page_size, gen)
+    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
+    ref_out, ref_lse = decode.decode_forward(q, k, v, seqlens, **common)
+    _check_against_oracle(ref_out, ref_lse, q, k, v, seqlens, -1, 0, 0.0, 1.0 / math.sqrt(head_dim))
+    _poison_allocator()
+    out, lse = decode.paged_decode_forward(q, k_pages, v_pages, table, seqlens, **common)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("page_size, window_left", [(16, 100), (32, 37), (16, 64)])
