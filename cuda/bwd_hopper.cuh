@@ -62,13 +62,27 @@ static_assert(!kHDqOwnKeys || kD == 64, "per-warpgroup dQ partials are a d64 for
 constexpr bool kHDqBulk = BWD_DQ_BULK != 0;
 constexpr int kHDqStageRowBytes = kHDqCols * 4 + 16;
 constexpr int kHDqStageBytes = kHBlockM * kHDqStageRowBytes;  // one warpgroup's staging buffer
+#ifndef BWD_ASYNC_STAGES  // 1: Q/dO stages handed over by mbarriers, no block barrier at the start of a step
+#define BWD_ASYNC_STAGES 0
+#endif
+// Three Q/dO (+ lse, D) stages whose arrival each thread signals on the stage's mbarrier (after waiting for
+// its own copies one step later), and two dS^T buffers: the stage barrier (A) goes, so the warpgroup that
+// skips dQ in a step (d64 alternates it) starts the next step's S^T / dP^T while the other computes dQ,
+// and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s: both warpgroups
+// are past it then. dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own.
+constexpr bool kHAsync = BWD_ASYNC_STAGES != 0;
+constexpr int kHQStages = kHAsync ? 3 : 2;
+constexpr int kHDsBuffers = kHAsync ? 2 : 1;
+static_assert(!(kHAsync && (kHDqOwnKeys || kHDqBulk)), "asynchronous stages are built for the default dQ form");
 static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
-// The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, 2 stages of Q and dO,
-// dS^T, and 2 stages of lse2 / D. hf_flashpatch/kernels/backward.py mirrors this sum.
-constexpr int kHSmemBytes =
-    2 * kHKvBytes + 4 * kHQBytes + kHDsBytes + 4 * kHBlockM * 4 + (kHDqBulk ? 2 * kHDqStageBytes : 0);
+// The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
+// kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the dQ staging (kHDqBulk) or the stage mbarriers
+// (kHAsync). hf_flashpatch/kernels/backward.py mirrors this sum.
+constexpr int kHSmemBytes = 2 * kHKvBytes + 2 * kHQStages * kHQBytes + kHDsBuffers * kHDsBytes +
+                            2 * kHQStages * kHBlockM * 4 + (kHDqBulk ? 2 * kHDqStageBytes : 0) +
+                            (kHAsync ? 8 * kHQStages : 0);
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -148,13 +162,16 @@ __device__ __forceinline__ void dkdv_wgmma_body(
   const uint32_t base = (raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
   const uint32_t k_t = base;                       // SW128 (128 keys, D)
   const uint32_t v_t = k_t + kHKvBytes;            // SW128 (128 keys, D)
-  const uint32_t q_t = v_t + kHKvBytes;            // (2 stages, SW128 (64 queries, D))
-  const uint32_t do_t = q_t + 2 * kHQBytes;        // (2 stages, SW128 (64 queries, D))
-  const uint32_t ds_t = do_t + 2 * kHQBytes;       // SW128 (128 keys, 64 queries): dS^T
-  float* lse_s = reinterpret_cast<float*>(smem_raw + (ds_t + kHDsBytes - raw));  // (2, 64)
-  float* dvec_s = lse_s + 2 * kHBlockM;                                          // (2, 64)
-  // kHDqBulk: (2 warpgroups, 64 query rows, kHDqStageRowBytes) dQ staging, after lse / D (16-byte aligned)
-  const uint32_t dq_stage = ds_t + kHDsBytes + 4 * kHBlockM * 4;
+  const uint32_t q_t = v_t + kHKvBytes;                // (kHQStages, SW128 (64 queries, D))
+  const uint32_t do_t = q_t + kHQStages * kHQBytes;    // (kHQStages, SW128 (64 queries, D))
+  const uint32_t ds_t = do_t + kHQStages * kHQBytes;   // (kHDsBuffers, SW128 (128 keys, 64 queries)): dS^T
+  const uint32_t lse_t = ds_t + kHDsBuffers * kHDsBytes;
+  float* lse_s = reinterpret_cast<float*>(smem_raw + (lse_t - raw));  // (kHQStages, 64)
+  float* dvec_s = lse_s + kHQStages * kHBlockM;                        // (kHQStages, 64)
+  // After lse / D (16-byte aligned): kHDqBulk's (2 warpgroups, 64 query rows, kHDqStageRowBytes) dQ staging,
+  // or kHAsync's (kHQStages,) stage mbarriers
+  const uint32_t dq_stage = lse_t + 2 * kHQStages * kHBlockM * 4;
+  const uint32_t full_bars = dq_stage;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;
@@ -199,14 +216,31 @@ __device__ __forceinline__ void dkdv_wgmma_body(
 
   if (steps > 0) load_q_side(0, 0);
   cp_async_commit();
+  if constexpr (kHAsync) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, kThreads);
+    }
+    if (steps > 1) load_q_side(1, 1);
+    cp_async_commit();
+    __syncthreads();      // the mbarriers are initialised before anyone arrives
+    cp_async_wait<1>();   // K, V and step 0's stage (this thread's copies)
+    fence_proxy_async_shared();
+    mbarrier_arrive(full_bars);  // stage 0, use 0
+  }
 
   for (int step = 0; step < steps; ++step) {
-    const int stage = step & 1;
-    cp_async_wait<0>();
-    fence_proxy_async_shared();
-    __syncthreads();  // (A)
-    if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
-    cp_async_commit();
+    const int stage = step % kHQStages;
+    if constexpr (kHAsync) {
+      mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // every thread's copies of this stage
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      __syncthreads();  // (A)
+      if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    const uint32_t ds_cur = ds_t + (step % kHDsBuffers) * kHDsBytes;  // this step's dS^T buffer
 
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
@@ -227,9 +261,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
     // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row).
     auto store_ds = [&](int j) {
-      *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w, j) + 4 * t4) =
+      *reinterpret_cast<uint32_t*>(smem_raw + (ds_cur - raw) + sw128_offset(key_w, j) + 4 * t4) =
           Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
-      *reinterpret_cast<uint32_t*>(smem_raw + (ds_t - raw) + sw128_offset(key_w + 8, j) + 4 * t4) =
+      *reinterpret_cast<uint32_t*>(smem_raw + (ds_cur - raw) + sw128_offset(key_w + 8, j) + 4 * t4) =
           Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
     };
 
@@ -301,6 +335,15 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     } else {
       __syncthreads();  // (B) both halves
     }
+    if constexpr (kHAsync) {
+      // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
+      // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
+      if (step + 2 < steps) load_q_side(step + 2, (step + 2) % kHQStages);
+      cp_async_commit();
+      cp_async_wait<1>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(full_bars + 8 * ((step + 1) % kHQStages));
+    }
     if constexpr (kHRetireBeforeDq) {
       wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
       fence_operands(dv_acc);
@@ -325,7 +368,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
 #pragma unroll
       for (int kk = 0; kk < kDqKSteps; ++kk) {
         const uint32_t key_rows = (kk0 + kk) * 16 * kHRowBytes;
-        const uint64_t da = sw128_descriptor(ds_t + key_rows, kHDsBytes, kSwizzleAtomBytes);
+        const uint64_t da = sw128_descriptor(ds_cur + key_rows, kHDsBytes, kSwizzleAtomBytes);
         const uint64_t db = sw128_descriptor(k_cols + key_rows, kHKvBytes, kSwizzleAtomBytes);
         sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
       }

@@ -88,7 +88,7 @@ def _other_bodies(head_dim: int) -> list:
 
     arch = device_arch(torch.device("cuda"))
     in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch)
-    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_serial", "wgmma_bulk"]
+    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_serial", "wgmma_async"]
     picked = []
     for name in names:
         cfg = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, variant=name)

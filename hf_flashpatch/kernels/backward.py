@@ -87,6 +87,7 @@ class BackwardConfig:
     wgmma_pipelined: bool = True  # wgmma body: form P^T while dP^T runs and dS^T while dV runs (no softcap)
     wgmma_dq_own_keys: bool = False  # wgmma body, d64: dQ partial per warpgroup over its own keys, every step
     wgmma_dq_bulk: bool = False  # wgmma body: dQ partials via shared memory + bulk async fp32 reductions
+    wgmma_async: bool = False  # wgmma body: 3 Q/dO stages handed over by mbarriers, no stage barrier per step
 
     @property
     def block_n(self) -> int:
@@ -158,15 +159,19 @@ class BackwardConfig:
             defines += (("BWD_WGMMA", 1),) + (() if self.wgmma_pipelined else (("BWD_WGMMA_PIPELINED", 0),))
             defines += (("BWD_WGMMA_DQ_OWN", 1),) if self.wgmma_dq_own_keys else ()
             defines += (("BWD_DQ_BULK", 1),) if self.wgmma_dq_bulk else ()
+            defines += (("BWD_ASYNC_STAGES", 1),) if self.wgmma_async else ()
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
         pad_d, pad_m = self.head_dim + 8, self.block_m + 8
         if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
             keys, queries = 128, 64
-            tiles = 2 * keys * self.head_dim + 4 * queries * self.head_dim + keys * queries  # K, V, Q/dO x2, dS^T
+            stages, ds_buffers = (3, 2) if self.wgmma_async else (2, 1)
+            # K, V, Q/dO x stages, dS^T x buffers (2-byte elements)
+            tiles = 2 * keys * self.head_dim + 2 * stages * queries * self.head_dim + ds_buffers * keys * queries
             dq_stage = 2 * queries * (64 * 4 + 16) if self.wgmma_dq_bulk else 0  # 2 warpgroups x 64 padded rows
-            return 2 * tiles + 4 * 4 * queries + dq_stage + 1024
+            barriers = 8 * stages if self.wgmma_async else 0
+            return 2 * tiles + 2 * stages * 4 * queries + dq_stage + barriers + 1024
         if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
             m = self.tiled_block_m
             elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
@@ -201,6 +206,9 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     # dQ partials staged in shared memory and added by the copy engine (cp.reduce.async.bulk) instead of
     # per-thread float2 atomics
     "wgmma_bulk": (_TILED_DIMS, {"body": "wgmma", "wgmma_dq_bulk": True}),
+    # three Q/dO stages handed over by mbarriers and two dS^T buffers: no block barrier at a step's start, so
+    # the warpgroups meet once per step (d64: the one without dQ runs ahead into the next step)
+    "wgmma_async": (_TILED_DIMS, {"body": "wgmma", "wgmma_async": True}),
 }
 
 
