@@ -160,7 +160,7 @@ def test_autograd_registered_whichever_module_is_imported_first():
 
 def test_variant_selection_by_environment(monkeypatch):
     """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset takes the measured
-    best per head dim (on sm_90a the wgmma body at d64/d128; elsewhere tiled at d128 and tiled_m128 at d64;
+    best per head dim (on sm_90a the wgmma body with mbarrier-handed stages at d64/d128; elsewhere tiled at d128 and tiled_m128 at d64;
     the default body for other head dims, whose macros and so cache keys are unchanged); an unknown name
     is refused naming it."""
     import torch
@@ -171,6 +171,7 @@ def test_variant_selection_by_environment(monkeypatch):
     for head_dim in (64, 128):
         hopper = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_90a")
         assert hopper.body == "wgmma" and ("BWD_WGMMA", "1") in hopper.build().defines
+        assert hopper.wgmma_async and ("BWD_ASYNC_STAGES", "1") in hopper.build().defines  # measured default
         ampere = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_80")
         assert ampere.body == "tiled" and ampere.arch == "sm_80"
     assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_80") == BackwardConfig.choose(

@@ -220,7 +220,10 @@ MEASURED_DEFAULT_MMA: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
 # On Hopper the wgmma body wins everywhere it serves (results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates,
 # --quick, TFLOP/s vs the mma.sync default): d128 292 vs 218 (2k) and 336 vs 234 (16k) non-causal, 242 vs 184 and
 # 337 vs 235 causal; d64 237-262 vs 164-205. Elsewhere choose() maps it back to MEASURED_DEFAULT_MMA.
-MEASURED_DEFAULT: dict[int, str] = {64: "wgmma", 128: "wgmma"}
+# Then wgmma_async (Q/dO stages handed over by mbarriers, no block barrier at a step's start) beat it at every
+# measured cell (results/2026-12-01_4a4f07b_bwd-async-stages, --quick, TFLOP/s): d64 304 vs 278 (16k full), 303 vs
+# 278 (16k causal), 276 / 235 vs 254 / 218 at 2k; d128 379 vs 360 and 382 vs 362 at 16k, 340 / 280 vs 322 / 266 at 2k.
+MEASURED_DEFAULT: dict[int, str] = {64: "wgmma_async", 128: "wgmma_async"}
 
 
 def _choose_fallback_for_arch(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> BackwardConfig:
