@@ -21,7 +21,9 @@
 //                     dQ is added to the fp32 workspace with atomics, as in the other bodies.
 // Two barriers per step: (A) the step's Q/dO stage landed and both warpgroups retired the previous
 // step (so the other stage and the dS^T tile may be overwritten; the next prefetch is issued after
-// it), (B) both halves of dS^T are in shared memory.
+// it), (B) both halves of dS^T are in shared memory. BWD_ASYNC_STAGES (the default on Hopper, variant
+// wgmma_async) replaces (A) by a per-stage mbarrier over three stages and double-buffers dS^T, so (B)
+// is the only point where the warpgroups wait for each other (see kHAsync below).
 #pragma once
 #include "hopper.cuh"
 
