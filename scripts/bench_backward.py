@@ -266,6 +266,18 @@ def _train_step(model, seqlen: int) -> None:
         p.grad = None
 
 
+def _tokens_per_s(step, tokens: int, steps: int = 3) -> float:
+    """Tokens/s of ``step()`` (one forward + backward of ``tokens`` tokens): one warm-up step (kernel load,
+    allocator), then ``steps`` timed ones between device syncs."""
+    step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return steps * tokens / (time.perf_counter() - t0)
+
+
 def run_training(results: list, quick: bool = False) -> None:
     """Tokens/s of forward + backward steps: ``sdpa`` (torch picks its kernel, as in a user's run),
     ``sdpa[flash]`` (the same model with SDPA held to its flash backend) and ``hfpatch``."""
@@ -282,14 +294,7 @@ def run_training(results: list, quick: bool = False) -> None:
         model = _llama_1b(layers, attn)
         for seqlen in (4096, 16384):
             with context():
-                _train_step(model, seqlen)  # warm-up (kernel load, allocator)
-                torch.cuda.synchronize()
-                steps = 3
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    _train_step(model, seqlen)
-                torch.cuda.synchronize()
-            tok_s = steps * seqlen / (time.perf_counter() - t0)
+                tok_s = _tokens_per_s(lambda: _train_step(model, seqlen), seqlen)
             results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd", series=name,
                                 seqlen=seqlen, head_dim=64, causal=True, x=seqlen, value=tok_s, unit="tokens/s"))  # fmt: skip
         del model
@@ -305,20 +310,15 @@ def _packed_documents(total: int, seed: int = 0) -> list[int]:
     return lengths
 
 
-def _packed_step(model, lengths: list[int]) -> float:
+def _packed_step(model, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """One forward + backward on documents packed in one row, as ``DataCollatorWithFlattening`` gives them:
-    input_ids ``(1, T)``, position_ids restarting at 0 per document, no attention mask. Returns the loss."""
-    total = sum(lengths)
-    ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=_PACKED_IDS)
-    position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]  # (1, T)
+    ids / position_ids ``(1, T)``, positions restarting at 0 per document, no attention mask. Returns the
+    loss (a device tensor: no host sync inside timed steps)."""
     loss = model(input_ids=ids, position_ids=position_ids, labels=ids).loss
     loss.backward()
     for p in model.parameters():
         p.grad = None
-    return loss.item()
-
-
-_PACKED_IDS = None  # a CUDA generator, created on first use (same token ids for every backend)
+    return loss.detach()
 
 
 def run_training_packed(results: list, quick: bool = False) -> None:
@@ -327,25 +327,20 @@ def run_training_packed(results: list, quick: bool = False) -> None:
     position ids (SDPA's flash and cuDNN kernels take no such mask, so torch picks another); ``hfpatch``
     reads the document starts from the position ids and runs its varlen kernels. The first step's loss is
     recorded per backend: all of them compute the same function, so the losses must agree."""
-    global _PACKED_IDS
     from hf_flashpatch import ATTN_NAME
 
     layers = 4 if quick else 16
     total = 16384
     lengths = _packed_documents(total)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]  # (1, T)
     for attn in ("sdpa", ATTN_NAME):
         torch.manual_seed(0)  # same random weights for every backend
         model = _llama_1b(layers, attn)
-        _PACKED_IDS = torch.Generator(device="cuda").manual_seed(0)
         try:
-            loss = _packed_step(model, lengths)  # warm-up; same ids and weights for every backend
-            torch.cuda.synchronize()
-            steps = 3
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                _packed_step(model, lengths)
-            torch.cuda.synchronize()
-            tok_s = steps * total / (time.perf_counter() - t0)
+            ids = torch.randint(0, model.config.vocab_size, (1, total), device="cuda", generator=generator.manual_seed(0))
+            loss = _packed_step(model, ids, position_ids).item()  # same ids and weights for every backend
+            tok_s = _tokens_per_s(lambda: _packed_step(model, ids, position_ids), total)
             results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd, packed documents",
                                 series=attn, seqlen=total, head_dim=64, causal=True, x=f"{total} ({len(lengths)} docs)",
                                 value=tok_s, unit="tokens/s"))  # fmt: skip
