@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -48,7 +47,7 @@ import torch
 from ..errors import KernelUnsupported
 from . import kernels_unavailable_reason
 from .backward_torch import torch_backward
-from .build import KernelBuild, arch_for_capability, get_kernel
+from .build import KernelBuild, arch_for_capability, get_kernel, variant_from_env
 
 LOG2E = 1.4426950408889634
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -111,9 +110,9 @@ class BackwardConfig:
         else ``"default"``) names an entry of
         :data:`VARIANTS`; where that variant does not serve the head dim / softcap, the default config is
         returned (so a variant can be switched on globally)."""
-        variant = variant or os.environ.get(VARIANT_ENV) or MEASURED_DEFAULT.get(head_dim, "default")
-        if variant not in VARIANTS:
-            raise ValueError(f"{VARIANT_ENV} must be one of {sorted(VARIANTS)}, got {variant!r}")
+        variant = variant or variant_from_env(VARIANT_ENV, MEASURED_DEFAULT.get(head_dim, "default"), VARIANTS)
+        if variant not in VARIANTS:  # named by the caller
+            raise ValueError(f"backward variant must be one of {sorted(VARIANTS)}, got {variant!r}")
         base = BackwardConfig._choose_default(head_dim, dtype, softcap, arch)
         serves, overrides = VARIANTS[variant]
         if (head_dim, bool(softcap)) not in serves:
