@@ -31,12 +31,21 @@ namespace hfp {
 namespace bwd {
 
 constexpr int kHBlockN = 128;  // keys per block: two warpgroups x 64
-constexpr int kHBlockM = 64;   // queries per step
+#ifndef BWD_WGMMA_BLOCK_M  // queries per step: 64, or 128 at d64 (variant wgmma_m128)
+#define BWD_WGMMA_BLOCK_M 64
+#endif
+constexpr int kHBlockM = BWD_WGMMA_BLOCK_M;
+// 128-query steps (d64): S^T / dP^T are 64 x 128 per warpgroup (wgmma n128), half the steps and so half the
+// per-step waits, barriers and stage hand-overs per FLOP; dQ (128 queries x 64) splits by query rows, each
+// warpgroup its 64 over all 128 keys, every step (no alternation).
+constexpr bool kHDqRows = kHBlockM == 128;
+static_assert(kHBlockM == 64 || (kHBlockM == 128 && kD == 64), "128-query steps are a d64 form (registers)");
 constexpr int kHSub = kD / 64;  // 64-column sub-tiles of a SW128 Q/K/V/dO tile
 constexpr int kHRowBytes = sm90::kSwizzleRowBytes;
 constexpr int kHKvBytes = kHBlockN * kD * 2;  // K or V tile
 constexpr int kHQBytes = kHBlockM * kD * 2;   // one stage of Q or dO
-constexpr int kHDsBytes = kHBlockN * kHBlockM * 2;  // dS^T: 128 keys x 64 queries = one 128-byte row per key
+constexpr int kHDsBytes = kHBlockN * kHBlockM * 2;  // dS^T: 128 keys x kHBlockM queries, 64-query sub-tiles
+constexpr int kHDsSubBytes = kHBlockN * kHRowBytes;   // one sub-tile: 128 keys x 64 queries (one 128-byte row each)
 constexpr int kHDqCols = 64;  // dQ columns per wgmma (d128: one half per warpgroup; d64: all of them)
 constexpr bool kHDqSplit = kD == 128;          // d128: both warpgroups every step; d64: alternate
 // d128: dK/dV (128 registers) + P^T/dS^T fragments (32) + dQ (32) spill (8 B with --use_fast_math), so dV and
@@ -54,7 +63,7 @@ constexpr bool kHPipelined = BWD_WGMMA_PIPELINED != 0 && !HAS_SOFTCAP;
 // work every step (the alternating form gives one of them the whole 128-key product), and neither waits for
 // the other until the next step's stage barrier. Costs twice the dQ atomics (two 64 x 64 partials per step).
 constexpr bool kHDqOwnKeys = BWD_WGMMA_DQ_OWN != 0;
-static_assert(!kHDqOwnKeys || kD == 64, "per-warpgroup dQ partials are a d64 form (d128 splits dQ's columns)");
+static_assert(!kHDqOwnKeys || (kD == 64 && !kHDqRows), "per-warpgroup dQ partials are a d64 form (d128 splits dQ's columns)");
 #ifndef BWD_DQ_BULK  // 1: dQ partials go through shared memory to the copy engine's bulk fp32 reduction
 #define BWD_DQ_BULK 0
 #endif
@@ -261,12 +270,12 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     h_issue_nt<kHBlockM>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos, kHBlockM);
     wgmma_commit();
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
-    // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row).
+    // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per
+    // sub-tile; queries j * 8.. lie in sub-tile j / 8).
     auto store_ds = [&](int j) {
-      *reinterpret_cast<uint32_t*>(smem_raw + (ds_cur - raw) + sw128_offset(key_w, j) + 4 * t4) =
-          Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
-      *reinterpret_cast<uint32_t*>(smem_raw + (ds_cur - raw) + sw128_offset(key_w + 8, j) + 4 * t4) =
-          Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
+      unsigned char* sub = smem_raw + (ds_cur - raw) + (j / 8) * kHDsSubBytes + 4 * t4;
+      *reinterpret_cast<uint32_t*>(sub + sw128_offset(key_w, j % 8)) = Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
+      *reinterpret_cast<uint32_t*>(sub + sw128_offset(key_w + 8, j % 8)) = Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
     };
 
     fence_operands(dv_acc);
@@ -358,10 +367,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     }
 
     // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
-    const bool dq_here = kHDqSplit || kHDqOwnKeys || (step & 1) == wg;
+    const bool dq_here = kHDqSplit || kHDqOwnKeys || kHDqRows || (step & 1) == wg;
     float dq[kHDqCols / 2];
     if (dq_here) {
       const uint32_t k_cols = k_t + (kHDqSplit ? wg : 0) * (kHBlockN * kHRowBytes);  // this warpgroup's columns
+      const uint32_t ds_rows = ds_cur + (kHDqRows ? wg : 0) * kHDsSubBytes;  // kHDqRows: this warpgroup's queries
       // The keys summed over: all 128, or (kHDqOwnKeys) this warpgroup's 64, 16 per k-step.
       constexpr int kDqKSteps = kHDqOwnKeys ? 64 / 16 : kHBlockN / 16;
       const int kk0 = kHDqOwnKeys ? wg * kDqKSteps : 0;
@@ -370,7 +380,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
 #pragma unroll
       for (int kk = 0; kk < kDqKSteps; ++kk) {
         const uint32_t key_rows = (kk0 + kk) * 16 * kHRowBytes;
-        const uint64_t da = sw128_descriptor(ds_cur + key_rows, kHDsBytes, kSwizzleAtomBytes);
+        const uint64_t da = sw128_descriptor(ds_rows + key_rows, kHDsSubBytes, kSwizzleAtomBytes);
         const uint64_t db = sw128_descriptor(k_cols + key_rows, kHKvBytes, kSwizzleAtomBytes);
         sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
       }
@@ -410,7 +420,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
         }
         if (wg_tid < kHBlockM) bulk_commit();
       } else {
-        const int q_row = (warp & 3) * 16 + g;  // query within the step
+        const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;  // query within the step
         const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
         float* dst = dq_accum + ws_row * kD + col0;
 #pragma unroll

@@ -88,7 +88,7 @@ def _other_bodies(head_dim: int) -> list:
 
     arch = device_arch(torch.device("cuda"))
     in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch)
-    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_serial", "wgmma_async"]
+    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_async", "wgmma_m128"]
     picked = []
     for name in names:
         cfg = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, variant=name)
@@ -130,9 +130,9 @@ def _flex(q, k, v, dout, causal):
     return _retained_backward(lambda a, b, c: compiled(a, b, c, block_mask=block_mask), q, k, v, dout)
 
 
-def run_kernels(results: list, quick: bool = False) -> None:
+def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS) -> None:
     seqlens = QUICK_SEQLENS if quick else SEQLENS
-    for head_dim in HEAD_DIMS:
+    for head_dim in head_dims:
         for causal in (False, True):
             for seqlen in seqlens:
                 batch, heads, q, k, v, dout = _inputs(seqlen, head_dim)
@@ -388,10 +388,20 @@ def run_max_seqlen(results: list, limit: int = 160 * 1024, unit: int = 4096) -> 
                             search_cap=limit, search_s=time.perf_counter() - t0))  # fmt: skip
 
 
-def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False) -> None:
-    """Append the kernel, training-speed, (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit
-    rows to ``results``. A part that fails is reported as an error row and the next part still runs."""
-    parts = [lambda r: run_kernels(r, quick), lambda r: run_training(r, quick), lambda r: run_training_packed(r, quick)]
+PARTS = ("kernels", "training", "packed")
+
+
+def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False, only: tuple = PARTS,
+        head_dims: tuple = HEAD_DIMS) -> None:  # fmt: skip
+    """Append the kernel (at ``head_dims``), training-speed and packed-training rows named in ``only``, then
+    (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit rows to ``results``. A part that fails
+    is reported as an error row and the next part still runs."""
+    named = {"kernels": lambda r: run_kernels(r, quick, head_dims), "training": lambda r: run_training(r, quick),
+             "packed": lambda r: run_training_packed(r, quick)}  # fmt: skip
+    unknown = set(only) - set(named)
+    if unknown:
+        raise ValueError(f"unknown parts {sorted(unknown)}; choose from {list(PARTS)}")
+    parts = [named[name] for name in PARTS if name in only]
     parts += [sweep_configs] if sweep else []
     parts += [run_max_seqlen] if max_seqlen else []
     for part in parts:
@@ -420,10 +430,13 @@ if __name__ == "__main__":
     parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
     parser.add_argument("--max-seqlen-only", action="store_true", help="only that search (no kernel or training rows)")
     parser.add_argument("--sweep", action="store_true", help="also time every backward.VARIANTS body (4k, 16k) and the SWEEP_CANDIDATES configs (4k)")
+    parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS} (default all)")
+    parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)), help="kernel rows' head dims")
     args = parser.parse_args()
     rows: list = []
     if args.max_seqlen_only:
         run_max_seqlen(rows)
     else:
-        run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep)
+        run(rows, quick=args.quick, max_seqlen=args.max_seqlen, sweep=args.sweep, only=tuple(args.only.split(",")),
+            head_dims=tuple(int(d) for d in args.head_dims.split(",")))  # fmt: skip
     _print(rows)

@@ -34,11 +34,12 @@ def test_all_backward_builds_compile_without_spills():
     # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
     # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there; tiled_m128: 4, d64)
     # + the wgmma body's 8 (d64/d128 x dtypes x softcap) + wgmma_serial's 4 (no softcap) + wgmma_dq_own's 4 (d64)
-    # + wgmma_bulk's 8 + wgmma_async's 8
-    assert len(builds) == len(set(builds)) == 70
+    # + wgmma_bulk's 8 + wgmma_async's 8 + wgmma_m128's 4 (d64, 128-query steps)
+    assert len(builds) == len(set(builds)) == 74
     assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 18
-    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 32
-    assert sum(("BWD_ASYNC_STAGES", "1") in b.defines for b in builds) == 8
+    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 36
+    assert sum(("BWD_ASYNC_STAGES", "1") in b.defines for b in builds) == 12
+    assert sum(("BWD_WGMMA_BLOCK_M", "128") in b.defines for b in builds) == 4
     assert sum(("BWD_WGMMA_DQ_OWN", "1") in b.defines for b in builds) == 4
     assert sum(("BWD_DQ_BULK", "1") in b.defines for b in builds) == 8
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

@@ -87,6 +87,7 @@ class BackwardConfig:
     wgmma_dq_own_keys: bool = False  # wgmma body, d64: dQ partial per warpgroup over its own keys, every step
     wgmma_dq_bulk: bool = False  # wgmma body: dQ partials via shared memory + bulk async fp32 reductions
     wgmma_async: bool = False  # wgmma body: 3 Q/dO stages handed over by mbarriers, no stage barrier per step
+    wgmma_block_m: int = 64  # wgmma body: queries per step (128: d64 only, dQ split by query rows)
 
     @property
     def block_n(self) -> int:
@@ -159,12 +160,13 @@ class BackwardConfig:
             defines += (("BWD_WGMMA_DQ_OWN", 1),) if self.wgmma_dq_own_keys else ()
             defines += (("BWD_DQ_BULK", 1),) if self.wgmma_dq_bulk else ()
             defines += (("BWD_ASYNC_STAGES", 1),) if self.wgmma_async else ()
+            defines += (("BWD_WGMMA_BLOCK_M", self.wgmma_block_m),) if self.wgmma_block_m != 64 else ()
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
         pad_d, pad_m = self.head_dim + 8, self.block_m + 8
         if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
-            keys, queries = 128, 64
+            keys, queries = 128, self.wgmma_block_m
             stages, ds_buffers = (3, 2) if self.wgmma_async else (2, 1)
             # K, V, Q/dO x stages, dS^T x buffers (2-byte elements)
             tiles = 2 * keys * self.head_dim + 2 * stages * queries * self.head_dim + ds_buffers * keys * queries
@@ -208,6 +210,9 @@ VARIANTS: dict[str, tuple[frozenset, dict]] = {
     # three Q/dO stages handed over by mbarriers and two dS^T buffers: no block barrier at a step's start, so
     # the warpgroups meet once per step (d64: the one without dQ runs ahead into the next step)
     "wgmma_async": (_TILED_DIMS, {"body": "wgmma", "wgmma_async": True}),
+    # d64: the same with 128-query steps (wgmma n128 for S^T / dP^T, half the per-step synchronisation per FLOP,
+    # dQ split by query rows so both warpgroups do it every step); 195 KB of shared memory
+    "wgmma_m128": (frozenset({(64, False), (64, True)}), {"body": "wgmma", "wgmma_async": True, "wgmma_block_m": 128}),
 }
 
 
