@@ -266,10 +266,11 @@ def _train_step(model, seqlen: int) -> None:
         p.grad = None
 
 
-def _tokens_per_s(step, tokens: int, steps: int = 3) -> float:
-    """Tokens/s of ``step()`` (one forward + backward of ``tokens`` tokens): one warm-up step (kernel load,
-    allocator), then ``steps`` timed ones between device syncs."""
-    step()
+def _tokens_per_s(step, tokens: int, steps: int = 6, warmup: int = 2) -> float:
+    """Tokens/s of ``step()`` (one forward + backward of ``tokens`` tokens): ``warmup`` untimed steps (kernel
+    load, allocator), then ``steps`` timed ones between device syncs."""
+    for _ in range(warmup):
+        step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -420,8 +421,9 @@ def _print(rows: list) -> None:
         extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
         extra += f"  diff_vs_default={r['max_abs_diff_vs_default']:.3g}" if "max_abs_diff_vs_default" in r else ""
         extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""
-        print(f"{r['series'][:22]:<22} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>10} "
-              f"{r['unit']}{extra}")  # fmt: skip
+        # rows such as the packed batch's loss carry no head dim / seqlen / causal
+        print(f"{r['series'][:22]:<22} {r.get('head_dim', '-'):>4} {r.get('seqlen', '-'):>6} "
+              f"{str(r.get('causal', '-')):>6} {value:>10} {r['unit']}{extra}")  # fmt: skip
 
 
 if __name__ == "__main__":

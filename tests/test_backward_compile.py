@@ -173,6 +173,7 @@ def test_variant_selection_by_environment(monkeypatch):
         hopper = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_90a")
         assert hopper.body == "wgmma" and ("BWD_WGMMA", "1") in hopper.build().defines
         assert hopper.wgmma_async and ("BWD_ASYNC_STAGES", "1") in hopper.build().defines  # measured default
+        assert hopper.wgmma_block_m == (128 if head_dim == 64 else 64)  # d64: wgmma_m128's 128-query steps
         ampere = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_80")
         assert ampere.body == "tiled" and ampere.arch == "sm_80"
     assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_80") == BackwardConfig.choose(

@@ -227,7 +227,10 @@ MEASURED_DEFAULT_MMA: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
 # Then wgmma_async (Q/dO stages handed over by mbarriers, no block barrier at a step's start) beat it at every
 # measured cell (results/2026-12-01_4a4f07b_bwd-async-stages, --quick, TFLOP/s): d64 304 vs 278 (16k full), 303 vs
 # 278 (16k causal), 276 / 235 vs 254 / 218 at 2k; d128 379 vs 360 and 382 vs 362 at 16k, 340 / 280 vs 322 / 266 at 2k.
-MEASURED_DEFAULT: dict[int, str] = {64: "wgmma_async", 128: "wgmma_async"}
+# Then at d64 wgmma_m128 (the same with 128-query steps) beat wgmma_async at every measured cell
+# (results/2026-12-01_f666735_bwd-m128, --quick, TFLOP/s): 16k 347 vs 302 (full and causal), 2k 310 vs 275 full,
+# 261 vs 234 causal.
+MEASURED_DEFAULT: dict[int, str] = {64: "wgmma_m128", 128: "wgmma_async"}
 
 
 def _choose_fallback_for_arch(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> BackwardConfig:
