@@ -130,6 +130,36 @@ def _flex(q, k, v, dout, causal):
     return _retained_backward(lambda a, b, c: compiled(a, b, c, block_mask=block_mask), q, k, v, dout)
 
 
+def _time_panel(results: list, impls: dict, base: dict, flops: tuple) -> None:
+    """Time each implementation of one shape (``flops`` = batch, heads, seqlen, head_dim, causal), record its
+    TFLOP/s, its max |gradient difference| to SDPA flash's and each of ours' ratio to each peer."""
+    panel, seqlen = base["panel"], base["seqlen"]
+    speeds, grads = {}, {}
+    for name, make in impls.items():
+        try:
+            fn = make()
+            got = fn()
+            grads[name] = got if name.startswith("ours") else [g.transpose(1, 2) for g in got]  # (B, S, H, D)
+            ms = _time_ms(fn)
+        except Exception as exc:  # a peer missing for this shape is reported, not fatal
+            results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+            continue
+        speeds[name] = _bwd_tflops(*flops, ms)
+        results.append(dict(base, series=name, value=speeds[name], ms=ms))
+    mine = [name for name in grads if name.startswith("ours") and name != "ours_det"]
+    for name in mine if "sdpa_flash" in grads else []:
+        # peers on repeated K/V (GQA shapes) return per-query-head dK/dV: sum them back over each group
+        theirs = [g if g.shape == o.shape else g.unflatten(2, (o.shape[2], -1)).sum(3)
+                  for g, o in zip(grads["sdpa_flash"], grads[name])]  # fmt: skip
+        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads[name], theirs))
+        next(r for r in results if r is not None and r.get("series") == name and r.get("panel") == panel
+             and r.get("seqlen") == seqlen)["max_abs_grad_diff_vs_sdpa_flash"] = diff  # fmt: skip
+    for name in [m for m in mine if m in speeds]:
+        for peer, value in speeds.items():
+            if not peer.startswith("ours"):
+                results.append(dict(base, series=f"{name}/{peer}", value=speeds[name] / value, unit="ratio"))
+
+
 def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS) -> None:
     seqlens = QUICK_SEQLENS if quick else SEQLENS
     for head_dim in head_dims:
@@ -144,32 +174,36 @@ def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS
                     impls[f"ours:{name}"] = lambda name=name: _ours_variant(q, k, v, dout, causal, name)
                 if not quick and head_dim == 128 and seqlen in FLEX_SEQLENS:  # Flex compiles per shape (~20 s)
                     impls["flex"] = lambda: _flex(q, k, v, dout, causal)
-                panel = f"bwd d{head_dim} {'causal' if causal else 'full'}"
-                base = dict(part="backward", panel=panel, head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen,
-                            unit="TFLOP/s")  # fmt: skip
-                speeds, grads = {}, {}
-                for name, make in impls.items():
-                    try:
-                        fn = make()
-                        got = fn()
-                        grads[name] = got if name.startswith("ours") else [g.transpose(1, 2) for g in got]  # (B, S, H, D)
-                        ms = _time_ms(fn)
-                    except Exception as exc:  # a peer missing for this shape is reported, not fatal
-                        results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
-                        continue
-                    speeds[name] = _bwd_tflops(batch, heads, seqlen, head_dim, causal, ms)
-                    results.append(dict(base, series=name, value=speeds[name], ms=ms))
-                mine = [name for name in grads if name.startswith("ours") and name != "ours_det"]
-                for name in mine if "sdpa_flash" in grads else []:
-                    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads[name], grads["sdpa_flash"]))
-                    next(r for r in results if r is not None and r.get("series") == name and r.get("panel") == panel
-                         and r.get("seqlen") == seqlen)["max_abs_grad_diff_vs_sdpa_flash"] = diff  # fmt: skip
-                for name in [m for m in mine if m in speeds]:
-                    for peer, value in speeds.items():
-                        if not peer.startswith("ours"):
-                            results.append(dict(base, series=f"{name}/{peer}", value=speeds[name] / value, unit="ratio"))
-                del q, k, v, dout, impls, grads
+                base = dict(part="backward", panel=f"bwd d{head_dim} {'causal' if causal else 'full'}",
+                            head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s")  # fmt: skip
+                _time_panel(results, impls, base, (batch, heads, seqlen, head_dim, causal))
+                del q, k, v, dout, impls
                 torch.cuda.empty_cache()
+
+
+FINETUNE_HEADS = (32, 8)  # Llama-3.2-1B: 32 query heads, 8 KV heads of 64
+FINETUNE_SEQLENS = (2048, 4096, 8192, 16384)
+
+
+def run_finetune_shapes(results: list, quick: bool = False) -> None:
+    """The fine-tune rows' attention alone: one causal sequence, 32 query / 8 KV heads of 64 (GQA read natively
+    by ours; the peers get K/V repeated to 32 heads, as transformers' ``repeat_kv`` gives them). Few CTAs per
+    SM here (seqlen / 128 x 8 at 4k: 256), unlike the 16k-token batches of ``run_kernels``."""
+    heads, kv_heads = FINETUNE_HEADS
+    for seqlen in FINETUNE_SEQLENS[1::2] if quick else FINETUNE_SEQLENS:
+        q, dout = (torch.randn(1, seqlen, heads, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(1, seqlen, kv_heads, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k_rep, v_rep = (t.repeat_interleave(heads // kv_heads, dim=2) for t in (k, v))  # (1, S, 32, 64)
+        impls = {"ours": lambda: _ours(q, k, v, dout, True, False),
+                 "sdpa_flash": lambda: _sdpa(q, k_rep, v_rep, dout, True, "flash"),
+                 "sdpa_cudnn": lambda: _sdpa(q, k_rep, v_rep, dout, True, "cudnn")}  # fmt: skip
+        for name in _other_bodies(64):
+            impls[f"ours:{name}"] = lambda name=name: _ours_variant(q, k, v, dout, True, name)
+        base = dict(part="backward", panel=f"bwd d64 causal, 1 x seqlen, {heads}/{kv_heads} heads (fine-tune shape)",
+                    head_dim=64, seqlen=seqlen, causal=True, x=seqlen, unit="TFLOP/s")  # fmt: skip
+        _time_panel(results, impls, base, (1, heads, seqlen, 64, True))
+        del q, k, v, dout, k_rep, v_rep, impls
+        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------ tile sweep
@@ -389,7 +423,7 @@ def run_max_seqlen(results: list, limit: int = 160 * 1024, unit: int = 4096) -> 
                             search_cap=limit, search_s=time.perf_counter() - t0))  # fmt: skip
 
 
-PARTS = ("kernels", "training", "packed")
+PARTS = ("kernels", "finetune_shapes", "training", "packed")
 
 
 def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False, only: tuple = PARTS,
@@ -397,7 +431,8 @@ def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: boo
     """Append the kernel (at ``head_dims``), training-speed and packed-training rows named in ``only``, then
     (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit rows to ``results``. A part that fails
     is reported as an error row and the next part still runs."""
-    named = {"kernels": lambda r: run_kernels(r, quick, head_dims), "training": lambda r: run_training(r, quick),
+    named = {"kernels": lambda r: run_kernels(r, quick, head_dims), "finetune_shapes": lambda r: run_finetune_shapes(r, quick),
+             "training": lambda r: run_training(r, quick),
              "packed": lambda r: run_training_packed(r, quick)}  # fmt: skip
     unknown = set(only) - set(named)
     if unknown:
