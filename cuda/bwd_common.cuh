@@ -214,6 +214,16 @@ struct Scores {
 };
 
 // Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
+// The dK/dV kernels' grid is (kv_heads, batch, key blocks) and the hardware hands blocks out x fastest, so every
+// (head, batch) of key block 0 starts first, then block 1, and so on. Key block n is seen by the queries from
+// about n on (causal, bottom-right) and by a constant number with a window, so that is heaviest-first order: with
+// few blocks per SM (one sequence of 4k-8k tokens, 8 KV heads: 256-512 blocks on 132 SMs) the long blocks no longer
+// start in the last wave. (A (key blocks, heads, batch) grid dispatched head by head left up to 1.6x idle tail.)
+struct DkdvBlock {
+  int n_block, kv_head, batch;
+};
+__device__ __forceinline__ DkdvBlock dkdv_block() { return {int(blockIdx.z), int(blockIdx.x), int(blockIdx.y)}; }
+
 __device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len) {
   if (cu == nullptr) return make_int2(0, fixed_len);
   const int s = cu[b];

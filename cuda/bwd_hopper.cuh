@@ -187,7 +187,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;
   const int g = lane >> 2, t4 = lane & 3;
-  const int n_block = blockIdx.x, hk = blockIdx.y, b = blockIdx.z;
+  const DkdvBlock blk = dkdv_block();
+  const int n_block = blk.n_block, hk = blk.kv_head, b = blk.batch;
   const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
   const int n0 = n_block * kHBlockN;
   if (n0 >= sk.y) return;

@@ -338,7 +338,11 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     if deterministic and cfg.body != "default":  # the tiled body has no dQ-free twin: use the default's
         cfg = BackwardConfig._choose_default(head_dim, q.dtype, cfg.softcap, cfg.arch)
         build = cfg.build()
-    grid_kv = ((seqlen_k + cfg.block_n - 1) // cfg.block_n, kv_heads, batch)
+    # (kv heads, batch, key blocks): key block 0 of every head first, the heaviest-first order (cuda/bwd_common.cuh)
+    grid_kv = (kv_heads, batch, (seqlen_k + cfg.block_n - 1) // cfg.block_n)
+    if max(grid_kv[1:]) > 65535:
+        raise KernelUnsupported(f"grid limit: at most 65535 sequences and key blocks of {cfg.block_n}, got {batch} "
+                                f"sequences and {grid_kv[2]} key blocks (seqlen_k {seqlen_k})")  # fmt: skip
     if deterministic:
         dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars,
