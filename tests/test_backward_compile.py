@@ -211,3 +211,28 @@ def test_tiled_variants_fit_shared_memory(variant):
         cfg = BackwardConfig.choose(head_dim, torch.bfloat16, softcap, variant=variant)
         assert cfg.body == "tiled" and cfg.dkdv_smem_bytes() <= SMEM_OPT_IN_LIMIT
         assert 2 * cfg.tiled_block_m <= cfg.threads and cfg.tiled_block_m % 64 == 0
+
+
+@pytest.mark.parametrize("kv_heads,batch,key_blocks", [(8, 1, 32), (8, 2, 16), (1, 3, 5), (4, 6, 1), (32, 8, 16)])
+def test_dkdv_grid_covers_every_block_once_heaviest_first(kv_heads, batch, key_blocks):
+    """The dK/dV grid, decoded as cuda/bwd_common.cuh's dkdv_block does, names every (key block, kv head, batch)
+    once, and in dispatch order (x fastest, then y, then z) key blocks never decrease within a sequence."""
+    from hf_flashpatch.kernels.backward import dkdv_grid
+
+    gx, gy, gz = dkdv_grid(kv_heads, batch, key_blocks)
+    seen, last_n = [], {}
+    for z in range(gz):
+        for y in range(gy):
+            for x in range(gx):
+                n, hk, b = y, x, z
+                assert n >= last_n.get(b, 0)
+                last_n[b] = n
+                seen.append((n, hk, b))
+    assert sorted(seen) == sorted((n, h, b) for n in range(key_blocks) for h in range(kv_heads) for b in range(batch))
+
+
+def test_dkdv_grid_refuses_past_the_hardware_limit():
+    from hf_flashpatch.kernels.backward import dkdv_grid
+
+    with pytest.raises(KernelUnsupported, match="65536 key blocks"):
+        dkdv_grid(8, 1, 65536)

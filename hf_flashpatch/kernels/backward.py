@@ -294,6 +294,15 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     return cfg
 
 
+def dkdv_grid(kv_heads: int, batch: int, key_blocks: int) -> tuple[int, int, int]:
+    """Grid of the dK/dV kernels: (kv heads, key blocks, batch), so that block n of every KV head of a sequence
+    runs before block n + 1 (heaviest first, cuda/bwd_common.cuh) and one sequence's heads share L2 at a time."""
+    if key_blocks > 65535 or batch > 65535:
+        raise KernelUnsupported(f"grid limit: at most 65535 key blocks and 65535 sequences, got {key_blocks} key "
+                                f"blocks and {batch} sequences")  # fmt: skip
+    return kv_heads, key_blocks, batch
+
+
 def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
                      deterministic):  # fmt: skip
     varlen = cu_q is not None
@@ -338,11 +347,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     if deterministic and cfg.body != "default":  # the tiled body has no dQ-free twin: use the default's
         cfg = BackwardConfig._choose_default(head_dim, q.dtype, cfg.softcap, cfg.arch)
         build = cfg.build()
-    # (kv heads, batch, key blocks): key block 0 of every head first, the heaviest-first order (cuda/bwd_common.cuh)
-    grid_kv = (kv_heads, batch, (seqlen_k + cfg.block_n - 1) // cfg.block_n)
-    if max(grid_kv[1:]) > 65535:
-        raise KernelUnsupported(f"grid limit: at most 65535 sequences and key blocks of {cfg.block_n}, got {batch} "
-                                f"sequences and {grid_kv[2]} key blocks (seqlen_k {seqlen_k})")  # fmt: skip
+    grid_kv = dkdv_grid(kv_heads, batch, (seqlen_k + cfg.block_n - 1) // cfg.block_n)
     if deterministic:
         dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars,
