@@ -86,11 +86,11 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
       int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb,      \
       int64_t v_ss, int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k,   \
       int heads, int kv_heads, int rows_pad, float softmax_scale, float scale_log2, float softcap_in,        \
-      float softcap_out, int left, int right
+      float softcap_out, int left, int right, int heavy_first
 #define HFP_DKDV_ARGS                                                                                       \
   q, k, v, dout, lse2_ws, dvec_ws, dq_accum, dk, dv, cu_q, cu_k, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb,   \
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
-      scale_log2, softcap_in, softcap_out, left, right
+      scale_log2, softcap_in, softcap_out, left, right, heavy_first
 
 // grid (ceil(max_seqlen_k / kBlockN), kv_heads, batch), kThreads threads.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
@@ -142,7 +142,8 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int m_block = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // Last query block first: with a causal mask it sees the most keys (heaviest first; neutral otherwise).
+  const int m_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
   const int m0 = m_block * kQBlockM;
   if (m0 >= sq.y) return;

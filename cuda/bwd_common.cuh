@@ -214,17 +214,24 @@ struct Scores {
 };
 
 // Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
-// The dK/dV kernels' grid is (kv heads, key blocks, batch), and the hardware hands blocks out x fastest: block 0 of
-// every KV head of a sequence, then block 1 of them, and so on. Key block n is seen by the queries from about n on
-// (causal, bottom-right) or by a constant number (window), so that is heaviest-first order, and with few blocks per
-// SM (one 4k-8k sequence, 8 KV heads: 256-512 blocks on 132 SMs) the long blocks no longer start in the last wave.
-// One sequence at a time keeps the blocks running at once on few (head, sequence) pairs, which share their Q / dO
-// tiles in L2 (interleaving every pair of a batch measured -17 % at 2k, d128, 128 pairs). The coordinates are read
-// straight from blockIdx: computing them (a division by kv_heads) cost the tiled d128 build a 12-byte spill.
+// Order of the dK/dV blocks, chosen per launch (hf_flashpatch/kernels/backward.py, dkdv_grid). The hardware hands
+// blocks out x fastest. heavy_first = 1: grid (kv heads, key blocks, batch), so block 0 of every KV head of a
+// sequence starts first, then block 1, and so on; key block n is seen by the queries from about n on (causal,
+// bottom-right) or by a constant number (window), so that is heaviest-first order. With few blocks per SM (one
+// 4k-8k sequence, 8 KV heads: 256-512 blocks on 132 SMs) the long blocks then no longer start in the last wave
+// (+51 % at 4k). heavy_first = 0: grid (key blocks, kv heads, batch), all blocks of one head together; with many
+// waves the tail is negligible and this keeps one head's Q / dO and dQ workspace in L2 for the blocks running at
+// once (heads-fastest order measured -3 to -4 % with 16-32 heads at 16k). Coordinates come straight from blockIdx
+// (computing them with a division by kv_heads cost the tiled d128 build a 12-byte spill). Only the Hopper body takes
+// the choice; the mma.sync bodies always run heaviest first (the select cost the d256 build an 8-byte spill), and
+// dkdv_grid launches them so.
 struct DkdvBlock {
   int n_block, kv_head, batch;
 };
-__device__ __forceinline__ DkdvBlock dkdv_block() { return {int(blockIdx.y), int(blockIdx.x), int(blockIdx.z)}; }
+__device__ __forceinline__ DkdvBlock dkdv_block(int heavy_first) {
+  return heavy_first ? DkdvBlock{int(blockIdx.y), int(blockIdx.x), int(blockIdx.z)}
+                     : DkdvBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
+}
 
 __device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len) {
   if (cu == nullptr) return make_int2(0, fixed_len);

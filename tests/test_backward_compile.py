@@ -213,20 +213,28 @@ def test_tiled_variants_fit_shared_memory(variant):
         assert 2 * cfg.tiled_block_m <= cfg.threads and cfg.tiled_block_m % 64 == 0
 
 
-@pytest.mark.parametrize("kv_heads,batch,key_blocks", [(8, 1, 32), (8, 2, 16), (1, 3, 5), (4, 6, 1), (32, 8, 16)])
-def test_dkdv_grid_covers_every_block_once_heaviest_first(kv_heads, batch, key_blocks):
+@pytest.mark.parametrize("kv_heads,batch,key_blocks", [(8, 1, 32), (8, 2, 16), (1, 3, 5), (4, 6, 1), (32, 8, 16),
+                                                        (32, 1, 128), (8, 1, 132)])  # fmt: skip
+def test_dkdv_grid_covers_every_block_once(kv_heads, batch, key_blocks):
     """The dK/dV grid, decoded as cuda/bwd_common.cuh's dkdv_block does, names every (key block, kv head, batch)
-    once, and in dispatch order (x fastest, then y, then z) key blocks never decrease within a sequence."""
-    from hf_flashpatch.kernels.backward import dkdv_grid
+    once. Up to HEAVY_FIRST_MAX_WAVES waves (132 SMs) key blocks never decrease within a sequence in dispatch
+    order (x fastest, then y, then z): heaviest first; beyond that one head's blocks run together."""
+    from hf_flashpatch.kernels.backward import HEAVY_FIRST_MAX_WAVES, dkdv_grid
 
-    gx, gy, gz = dkdv_grid(kv_heads, batch, key_blocks)
-    seen, last_n = [], {}
+    (gx, gy, gz), heavy_first = dkdv_grid(kv_heads, batch, key_blocks, sms=132)
+    assert heavy_first == (kv_heads * batch * key_blocks <= HEAVY_FIRST_MAX_WAVES * 132)
+    assert dkdv_grid(kv_heads, batch, key_blocks, sms=132, choice=False) == ((kv_heads, key_blocks, batch), 1)
+    seen, last_n, last_head = [], {}, {}
     for z in range(gz):
         for y in range(gy):
             for x in range(gx):
-                n, hk, b = y, x, z
-                assert n >= last_n.get(b, 0)
-                last_n[b] = n
+                n, hk, b = (y, x, z) if heavy_first else (x, y, z)
+                if heavy_first:
+                    assert n >= last_n.get(b, 0)
+                    last_n[b] = n
+                else:
+                    assert hk >= last_head.get(b, 0)
+                    last_head[b] = hk
                 seen.append((n, hk, b))
     assert sorted(seen) == sorted((n, h, b) for n in range(key_blocks) for h in range(kv_heads) for b in range(batch))
 
@@ -235,4 +243,4 @@ def test_dkdv_grid_refuses_past_the_hardware_limit():
     from hf_flashpatch.kernels.backward import dkdv_grid
 
     with pytest.raises(KernelUnsupported, match="65536 key blocks"):
-        dkdv_grid(8, 1, 65536)
+        dkdv_grid(8, 1, 65536, sms=132)

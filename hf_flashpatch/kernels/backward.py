@@ -259,7 +259,7 @@ def all_builds() -> list[KernelBuild]:
 
 # ------------------------------------------------------------------------------------ launching
 
-_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 2
+_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 3  # ..., left, right, heavy_first
 _ARGS_DQ = "P" * 9 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 2
 
 
@@ -294,13 +294,25 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     return cfg
 
 
-def dkdv_grid(kv_heads: int, batch: int, key_blocks: int) -> tuple[int, int, int]:
-    """Grid of the dK/dV kernels: (kv heads, key blocks, batch), so that block n of every KV head of a sequence
-    runs before block n + 1 (heaviest first, cuda/bwd_common.cuh) and one sequence's heads share L2 at a time."""
+HEAVY_FIRST_MAX_WAVES = 8  # dK/dV grids of at most this many waves (one block per SM) run heaviest key block first
+
+
+def dkdv_grid(kv_heads: int, batch: int, key_blocks: int, sms: int, choice: bool = True) -> tuple[tuple, int]:
+    """Grid and ``heavy_first`` flag of the dK/dV kernels (cuda/bwd_common.cuh, ``dkdv_block``). Up to
+    ``HEAVY_FIRST_MAX_WAVES`` waves on ``sms`` SMs, or always without ``choice`` (the mma.sync bodies): (kv heads,
+    key blocks, batch), block n of every KV head of a sequence before block n + 1, so the long (causal) blocks do
+    not start in the last wave. More waves: (key blocks, kv heads, batch), one head's blocks together, which share
+    its tiles in L2."""
     if key_blocks > 65535 or batch > 65535:
         raise KernelUnsupported(f"grid limit: at most 65535 key blocks and 65535 sequences, got {key_blocks} key "
                                 f"blocks and {batch} sequences")  # fmt: skip
-    return kv_heads, key_blocks, batch
+    if not choice or kv_heads * batch * key_blocks <= HEAVY_FIRST_MAX_WAVES * sms:
+        return (kv_heads, key_blocks, batch), 1
+    return (key_blocks, kv_heads, batch), 0
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
@@ -347,10 +359,11 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     if deterministic and cfg.body != "default":  # the tiled body has no dQ-free twin: use the default's
         cfg = BackwardConfig._choose_default(head_dim, q.dtype, cfg.softcap, cfg.arch)
         build = cfg.build()
-    grid_kv = dkdv_grid(kv_heads, batch, (seqlen_k + cfg.block_n - 1) // cfg.block_n)
+    key_blocks = (seqlen_k + cfg.block_n - 1) // cfg.block_n
+    grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, _sm_count(device), choice=cfg.body == "wgmma")
     if deterministic:
         dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
-        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars,
+        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars, heavy_first,
              shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip
         dq_kernel = get_kernel(build, "bwd_dq", _ARGS_DQ, device)
         grid_q = ((seqlen_q + cfg.dq_block_m - 1) // cfg.dq_block_m, heads, batch)
@@ -359,7 +372,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
         dkdv = get_kernel(build, "bwd_dkdv_dq_atomic", _ARGS_DKDV, device)
-        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
+        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars, heavy_first,
              shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
         convert = get_kernel(build, "bwd_convert_dq", "PPiiif", device)
         blocks = (rows_valid * head_dim // 8 + 255) // 256
