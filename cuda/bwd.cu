@@ -92,7 +92,8 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
       scale_log2, softcap_in, softcap_out, left, right, heavy_first
 
-// grid (ceil(max_seqlen_k / kBlockN), kv_heads, batch), kThreads threads.
+// grid: dkdv_grid in hf_flashpatch/kernels/backward.py (key blocks x kv heads x batch, in the order heavy_first
+// names; see dkdv_block), kThreads threads.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
 #if BWD_WGMMA
   dkdv_wgmma_body(HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)

@@ -213,7 +213,6 @@ struct Scores {
   }
 };
 
-// Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
 // Order of the dK/dV blocks, chosen per launch (hf_flashpatch/kernels/backward.py, dkdv_grid). The hardware hands
 // blocks out x fastest. heavy_first = 1: grid (kv heads, key blocks, batch), so block 0 of every KV head of a
 // sequence starts first, then block 1, and so on; key block n is seen by the queries from about n on (causal,
@@ -233,6 +232,7 @@ __device__ __forceinline__ DkdvBlock dkdv_block(int heavy_first) {
                      : DkdvBlock{int(blockIdx.x), int(blockIdx.y), int(blockIdx.z)};
 }
 
+// Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
 __device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len) {
   if (cu == nullptr) return make_int2(0, fixed_len);
   const int s = cu[b];
