@@ -1,10 +1,13 @@
 """Compile ``cuda/*.cu`` to cubins (on-disk cache) and launch them through PyCUDA on torch's stream.
 
 - **Compile.** :class:`KernelBuild` (a frozen dataclass: source file, ``-D`` macros from a kernel's
-  config dataclass, arch) is the cache key together with a hash of every ``cuda/`` source and the
-  nvcc version. Cubins are written to a temporary file and ``os.replace``-d into place, so two
-  processes compiling the same kernel at once never see a torn file. nvcc is invoked directly (what
-  ``pycuda.compiler`` does too), so the same function serves CI's CPU-only compile check.
+  config dataclass, arch) is the cache key together with the nvcc flags (``NVCC_PREPEND_FLAGS`` and
+  ``NVCC_APPEND_FLAGS`` included: nvcc reads them), a hash of every ``cuda/`` source, the nvcc version
+  and the package version. The cache itself (validated entries, atomic durable writes, leftovers of
+  killed compiles) is :mod:`.kernel_cache`. nvcc writes into a private temp directory and is invoked
+  directly (what ``pycuda.compiler`` does too), so the same function serves CI's CPU-only compile
+  check. Every failure of nvcc or of the sources reaches the caller as :class:`KernelUnsupported`,
+  which the public API turns into the torch fallback; a cache that cannot be written is no failure.
 - **Load.** PyCUDA's ``module_from_buffer`` in torch's primary context (never a second context).
 - **Launch.** ``prepared_async_call``. When torch runs on the legacy default stream and is not
   capturing a CUDA graph, the kernel goes on stream 0. Otherwise it forks onto a PyCUDA stream that
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +33,9 @@ import numpy as np
 import torch
 
 from ..errors import KernelUnsupported
+from . import kernel_cache
 
+_log = logging.getLogger(__name__)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -57,7 +64,17 @@ def find_nvcc() -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def nvcc_version(nvcc: str) -> str:
-    return subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    """``nvcc --version``'s text; KernelUnsupported if that nvcc does not run."""
+    try:
+        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace")
+    except OSError as exc:  # not executable, vanished, not a binary for this machine
+        raise KernelUnsupported(f"nvcc at {nvcc} does not run ({_describe(exc)})") from exc
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise KernelUnsupported(
+            f"nvcc at {nvcc} does not run: `nvcc --version` exited {proc.returncode} with "
+            f"{(proc.stderr or proc.stdout).strip()[-300:]!r}"
+        )
+    return proc.stdout.strip()
 
 
 def arch_for_capability(major: int, minor: int) -> str:
@@ -76,6 +93,10 @@ def variant_from_env(env_var: str, default: str, names) -> str:
     return name
 
 
+NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math")  # every kernel's; part of the cache key
+NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")  # nvcc adds these itself: keyed too
+
+
 @dataclass(frozen=True)
 class KernelBuild:
     """What to compile: one ``cuda/`` source with ``-D`` macros. Kernels make these from their config."""
@@ -84,12 +105,14 @@ class KernelBuild:
     defines: tuple[tuple[str, str], ...] = ()
     arch: str = "sm_90a"
 
-    def nvcc_command(self, nvcc: str, out_path: str, extra: tuple[str, ...] = ()) -> list[str]:
+    def nvcc_flags(self) -> list[str]:
+        """The flags that shape the cubin (no paths: where the sources sit does not change it)."""
         gencode = f"-gencode=arch=compute_{self.arch[3:]},code={self.arch}"
+        return ["-cubin", gencode, *NVCC_FLAGS, *[f"-D{name}={value}" for name, value in self.defines]]
+
+    def nvcc_command(self, nvcc: str, out_path: str, extra: tuple[str, ...] = ()) -> list[str]:
         return [
-            nvcc, "-cubin", gencode, "-O3", "-std=c++17", "--use_fast_math",
-            f"-I{cuda_source_dir()}",
-            *[f"-D{name}={value}" for name, value in self.defines],
+            nvcc, *self.nvcc_flags(), f"-I{cuda_source_dir()}",
             *extra, "-o", out_path, str(cuda_source_dir() / self.source),
         ]  # fmt: skip
 
@@ -103,29 +126,101 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
+def cache_entry(build: KernelBuild, nvcc: str) -> Path:
+    """The cache file for ``build``, keyed by everything that changes the cubin: the build (source,
+    defines, arch), the nvcc flags and nvcc's flag variables, the ``cuda/`` sources, the nvcc version,
+    the package version and the entry format."""
+    from .. import __version__
+
+    key = (
+        build, build.nvcc_flags(), tuple(os.environ.get(name, "") for name in NVCC_ENV_FLAGS),
+        _sources_digest(), nvcc_version(nvcc), __version__, kernel_cache.FORMAT,
+    )  # fmt: skip
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+    return cache_dir() / f"{Path(build.source).stem}-{digest}{kernel_cache.ENTRY_SUFFIX}"
+
+
 def compile_cubin(build: KernelBuild, *, verbose_ptxas: bool = False) -> tuple[bytes, str]:
-    """Return ``(cubin, ptxas_report)``, from the disk cache when possible (report empty then)."""
+    """Return ``(cubin, ptxas_report)``, from the disk cache when it holds a valid entry (report empty
+    then). An invalid entry (truncated, empty, garbled) is recompiled and replaced.
+
+    Raises :class:`KernelUnsupported` (never OSError or CalledProcessError) when nvcc is missing,
+    does not run, fails, or writes no cubin. A cache that cannot be written (read-only, full disk)
+    does not fail the kernel: the cubin is compiled in a temp dir and served from memory, with one
+    warning per cache directory and cause, and every process compiles it again.
+    """
     nvcc = find_nvcc()
     if nvcc is None:
         raise KernelUnsupported("nvcc not found (set CUDA_HOME or put nvcc on PATH) to compile the kernels")
-    key = hashlib.sha256(repr((build, _sources_digest(), nvcc_version(nvcc))).encode()).hexdigest()[:32]
-    target = cache_dir() / f"{Path(build.source).stem}-{key}.cubin"
-    if target.is_file() and not verbose_ptxas:
-        return target.read_bytes(), ""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".cubin.tmp")
-    os.close(fd)
     try:
+        target = cache_entry(build, nvcc)
+    except OSError as exc:  # the sources are missing or unreadable
+        raise KernelUnsupported(f"reading the CUDA sources failed ({type(exc).__name__}: {exc})") from exc
+    if not verbose_ptxas:  # the report comes only from a real compile
+        cubin, why = kernel_cache.load(target)
+        if cubin is not None:
+            return cubin, ""
+        if why != "missing":
+            _log.warning("hf_flashpatch: kernel cache entry %s is invalid (%s); recompiling it", target, why)
+    cubin, report = _run_nvcc(build, nvcc, verbose_ptxas)
+    try:
+        kernel_cache.store(target, cubin)
+    except OSError as exc:
+        _warn_once(
+            f"hf_flashpatch: the kernel cache {target.parent} cannot be written ({_describe(exc)}); "
+            f"kernels are compiled in a temp dir and again in every process"
+        )
+    kernel_cache.remove_stale(target.parent, kernel_cache.TEMP_RE)
+    kernel_cache.remove_stale(target.parent, kernel_cache.LEGACY_TEMP_RE)
+    return cubin, report
+
+
+def _run_nvcc(build: KernelBuild, nvcc: str, verbose_ptxas: bool) -> tuple[bytes, str]:
+    """Compile ``build`` in a private temp dir: ``(cubin, stderr)``, or KernelUnsupported saying why.
+    Messages hold no temp paths, so a repeated failure repeats the same message (the API warns once)."""
+    what = f"{build.source} {dict(build.defines)} ({build.arch})"
+    try:
+        workdir = tempfile.mkdtemp(prefix=kernel_cache.workdir_prefix())
+    except OSError as exc:
+        raise KernelUnsupported(f"no temp dir for nvcc to compile {what} in ({_describe(exc)})") from exc
+    kernel_cache.remove_stale(Path(workdir).parent, kernel_cache.WORKDIR_RE)  # killed compiles' dirs
+    try:
+        out = os.path.join(workdir, "kernel.cubin")
         extra = ("-Xptxas", "-v") if verbose_ptxas else ()
-        proc = subprocess.run(build.nvcc_command(nvcc, tmp, extra), capture_output=True, text=True)
+        try:
+            command = build.nvcc_command(nvcc, out, extra)
+            proc = subprocess.run(command, capture_output=True, text=True, errors="replace")
+        except OSError as exc:
+            raise KernelUnsupported(f"nvcc at {nvcc} did not start for {what} ({_describe(exc)})") from exc
         if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed for {build}:\n{proc.stderr[-4000:]}")
-        cubin = Path(tmp).read_bytes()
-        os.replace(tmp, target)  # atomic: concurrent compilers write the same bytes, never a torn file
+            raise KernelUnsupported(f"nvcc failed for {what} (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        try:
+            cubin = Path(out).read_bytes()
+        except FileNotFoundError:
+            raise KernelUnsupported(f"nvcc exited 0 but wrote no cubin for {what}") from None
+        except OSError as exc:
+            raise KernelUnsupported(f"reading nvcc's cubin for {what} failed ({_describe(exc)})") from exc
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        shutil.rmtree(workdir, ignore_errors=True)
+    why = kernel_cache.check_cubin(cubin)
+    if why is not None:
+        raise KernelUnsupported(f"nvcc exited 0 but its output for {what} is no cubin: {why}")
     return cubin, proc.stderr
+
+
+def _describe(exc: OSError) -> str:
+    """``PermissionError: Permission denied``: the error without the path (temp paths would make every
+    message unique, and the API warns once per message)."""
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 # ---------------------------------------------------------------------------------------- launch
@@ -181,7 +276,10 @@ class Kernel:
         cubin, _ = compile_cubin(build)
         driver = _pycuda()
         with _InContext(device_index):
-            self.module = driver.module_from_buffer(cubin)
+            try:
+                self.module = driver.module_from_buffer(cubin)
+            except driver.Error as exc:  # e.g. a driver older than this nvcc: the fallback still serves
+                raise KernelUnsupported(f"the driver cannot load {build.source} ({build.arch}): {exc}") from exc
             self.function = self.module.get_function(entry)
             self.function.prepare(arg_types)
         self._max_shared_set = 48 * 1024
@@ -225,15 +323,23 @@ def _side_stream(device_index: int):
 
 
 _kernels: dict[tuple, Kernel] = {}
+_failed: dict[tuple, str] = {}  # why a kernel could not be built, so that nvcc is not rerun every call
 
 
 def get_kernel(build: KernelBuild, entry: str, arg_types: str, device: torch.device) -> Kernel:
-    """Compiled, loaded and prepared kernel for ``device`` (memoised per process)."""
+    """Compiled, loaded and prepared kernel for ``device`` (memoised per process, failures included:
+    a kernel that raised KernelUnsupported raises the same message again without recompiling)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (build, entry, arg_types, index)
     kernel = _kernels.get(key)
     if kernel is None:
-        kernel = _kernels[key] = Kernel(build, entry, arg_types, index)
+        if key in _failed:
+            raise KernelUnsupported(_failed[key])  # a fresh exception: re-raising one grows its traceback
+        try:
+            kernel = _kernels[key] = Kernel(build, entry, arg_types, index)
+        except KernelUnsupported as exc:
+            _failed[key] = str(exc)
+            raise
     return kernel
 
 
