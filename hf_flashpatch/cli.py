@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 USAGE = """usage: hf-flashpatch {demo,convert,doctor} [args]
 
   demo     load the shipped SmolLM2-135M (or --model PATH), patch it, check logits vs sdpa, generate
-  convert  SRC DST --kv-heads N [--method mean|first|random]: MHA -> GQA/MQA checkpoint
+  convert  SRC DST --kv-heads N [--method mean|first|random] [--overwrite]: MHA -> GQA/MQA checkpoint
   doctor   GPU, arch, nvcc, pycuda, cache dir and kernel variants (--compile builds them all)
 """
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr (``PROG: error: argument --x: ...``) and exit
+    status 2, without the usage block that would bury it (``--help`` still prints the usage)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (``0`` or ``-3`` name themselves in the error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def fail(prog: str, message: str) -> int:
+    """Print one error line for ``prog`` on stderr; returns exit status 2."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv=None) -> int:

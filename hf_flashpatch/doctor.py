@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,15 +29,46 @@ def kernel_builds():
     return found
 
 
-def main(argv=None) -> int:
-    import argparse
+def nvcc_release(nvcc: str) -> str:
+    """The ``Cuda compilation tools, release X.Y, VX.Y.Z`` line of ``nvcc --version``.
 
-    parser = argparse.ArgumentParser(prog="hf-flashpatch doctor", description=__doc__)
+    Raises RuntimeError, in one line naming ``nvcc``, when it cannot run, fails, hangs or prints no
+    such line (a wrapper script gone wrong, another program called nvcc): the doctor's job is to say
+    so plainly, where compiling would fail later on a cryptic error. Probed here rather than through
+    ``build.nvcc_version``, which caches and raises ``CalledProcessError``.
+    """
+    try:
+        proc = subprocess.run([nvcc, "--version"], capture_output=True, text=True, errors="replace", timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"nvcc at {nvcc} does not run ({type(exc).__name__}: {exc})") from None
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        said = f": {output.splitlines()[-1][:200]!r}" if output else ""
+        raise RuntimeError(f"nvcc at {nvcc} is broken: '{nvcc} --version' exited with status {proc.returncode}{said}")
+    match = re.search(r"^.*release \d+\.\d+.*$", proc.stdout, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"nvcc at {nvcc} is broken: '{nvcc} --version' printed no 'release X.Y' line, "
+                           f"got {output[:200]!r}")  # fmt: skip
+    return match.group(0).strip()
+
+
+def main(argv=None) -> int:
+    from .cli import ArgumentParser, fail, positive_int
+
+    parser = ArgumentParser(prog="hf-flashpatch doctor", description=__doc__)
     parser.add_argument("--compile", action="store_true", help="compile every kernel variant (uses the disk cache)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc processes")
+    parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     args = parser.parse_args(argv)
 
     nvcc = kbuild.find_nvcc()
+    nvcc_problem = None
+    if nvcc is None:
+        nvcc_line = "not found"
+    else:
+        try:
+            nvcc_line = f"{nvcc_release(nvcc)} ({nvcc})"
+        except RuntimeError as exc:
+            nvcc_problem, nvcc_line = str(exc), "BROKEN (see the error below)"
     print(f"torch        {torch.__version__} (CUDA {torch.version.cuda})")
     print(f"cuda device  {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}")
     if torch.cuda.is_available():
@@ -45,7 +78,7 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - report, don't crash
             arch = f"unsupported ({exc})"
         print(f"arch         {arch} (compute capability {cap[0]}.{cap[1]})")
-    print(f"nvcc         {kbuild.nvcc_version(nvcc).splitlines()[-1] if nvcc else 'not found'}")
+    print(f"nvcc         {nvcc_line}")
     try:
         import pycuda
 
@@ -59,6 +92,8 @@ def main(argv=None) -> int:
     probe = torch.empty(0, device="cuda") if torch.cuda.is_available() else torch.empty(0)
     reason = kernels_unavailable_reason(probe)
     print(f"kernels      {'usable' if reason is None else 'not usable: ' + reason}")
+    if nvcc_problem is not None:
+        return fail(parser.prog, f"{nvcc_problem}; fix it or point CUDA_HOME (or PATH) at a working CUDA toolkit")
     jobs = [(module, b) for module, builds in kernel_builds().items() for b in builds]
     if not args.compile or nvcc is None:
         for module, build in jobs:

@@ -160,4 +160,5 @@ def test_cli_converts_and_reports(tmp_path, capsys):
     assert "KV heads 4 -> 2" in printed and "reduction x2" in printed
     assert AutoConfig.from_pretrained(tmp_path / "out").num_key_value_heads == 2
     assert main([str(src), str(tmp_path / "bad"), "--kv-heads", "3"]) == 2
-    assert "must divide the current 4 KV heads" in capsys.readouterr().out
+    assert "must divide the current 4 KV heads" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # a refusal leaves nothing behind

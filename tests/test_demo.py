@@ -12,24 +12,28 @@ from hf_flashpatch.demo import FP32_ATOL, main
 WORDS = "the a of and to in is was it for on with as by at from that this be are".split()
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A tiny random Llama and a word-level tokenizer saved as a local checkpoint folder."""
+def save_tiny_checkpoint(folder, *, with_tokenizer: bool = True) -> str:
+    """Save a tiny random Llama (and a word-level tokenizer) as a local checkpoint folder."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    folder = tmp_path_factory.mktemp("tiny_checkpoint")
     vocab = {"[PAD]": 0, "[UNK]": 1, "[EOS]": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]",
                                         eos_token="[EOS]")  # fmt: skip
-    tokenizer.save_pretrained(folder)
+    if with_tokenizer:
+        tokenizer.save_pretrained(folder)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, eos_token_id=2)  # fmt: skip
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_checkpoint"))
 
 
 PROMPTS = ["--prompt", "the cat was in the house", "--prompt", "it is"]
@@ -56,8 +60,11 @@ def test_demo_fails_when_logits_disagree(tiny_checkpoint, capsys, monkeypatch):
 
 
 def test_demo_reports_a_missing_model(capsys):
-    assert main(["--model", "/nonexistent/checkpoint", "--device", "cpu"]) == 2
-    assert "could not load /nonexistent/checkpoint" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "/nonexistent/checkpoint", "--device", "cpu"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "hf-flashpatch demo: error: argument --model: no such folder: /nonexistent/checkpoint\n"
 
 
 @pytest.mark.slow
