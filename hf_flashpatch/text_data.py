@@ -11,17 +11,28 @@ Sources, both offline:
 :func:`write_text_corpus` writes ``train.txt`` and ``eval.txt`` with one document per blank-line
 separated block, so ``datasets.load_dataset("text", data_files=..., sample_by="paragraph")`` gives one
 row per document. Every ``eval_every``-th document is held out, so train and eval never share text.
+
+A data file the user names is checked before ``datasets`` reads it (:func:`check_data_path`): a
+missing, empty or non-UTF-8 file raises :class:`TextDataError` naming the file and the problem.
 """
 
 from __future__ import annotations
 
 import bz2
+import codecs
 import importlib.util
+import os
 import re
+import uuid
 from pathlib import Path
 
 WIKI_EXCERPT = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 SOURCES = ("auto", "wiki", "pydoc")
+SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")  # what save_to_disk leaves in its folder
+
+
+class TextDataError(ValueError):
+    """Data the user named cannot be used: missing, empty, not UTF-8 text, or too little of it."""
 
 
 def _clean_wiki(text: str) -> str:
@@ -95,11 +106,68 @@ def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) ->
         splits["eval" if index % eval_every == eval_every - 1 else "train"].append(doc)
     out.mkdir(parents=True, exist_ok=True)
     for split, path in paths.items():
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n\n".join(splits[split]) + "\n", encoding="utf-8")
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
-    (out / "SOURCE").write_text(f"{used}\n")
+        _write_atomically(path, "\n\n".join(splits[split]) + "\n")
+    _write_atomically(out / "SOURCE", f"{used}\n")
     return {split: str(p) for split, p in paths.items()}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to a temp file of its own beside ``path``, then rename it over ``path``.
+
+    Runs filling one cache at once each get their own temp name, so none renames or truncates
+    another's; a reader sees the old file or the whole new one. ``open(..., "x")`` (not mkstemp)
+    keeps the umask's permissions, so a shared cache stays readable by its other users.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _check_text_file(path: Path) -> None:
+    """Raise :class:`TextDataError` unless ``path`` is UTF-8 text with at least one non-blank character."""
+    if path.stat().st_size == 0:
+        raise TextDataError(f"{path} is empty; expected UTF-8 text, documents separated by blank lines")
+    decoder, offset, has_text = codecs.getincrementaldecoder("utf-8")(), 0, False
+    with open(path, "rb") as stream:
+        while True:
+            chunk = stream.read(1 << 20)  # a chunk at a time: data files can be larger than memory
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+            try:
+                has_text = bool(decoder.decode(chunk, final=not chunk).strip()) or has_text
+            except UnicodeDecodeError as error:  # error.start counts from the first pending byte
+                raise TextDataError(f"{path} is not UTF-8 text: {error.reason} at byte "
+                                    f"{offset - pending + error.start}") from None
+            offset += len(chunk)
+            if not chunk:
+                break
+    if not has_text:
+        raise TextDataError(f"{path} holds only blank lines: no document to train on")
+
+
+def check_data_path(path, *, allow_folder: bool = True) -> None:
+    """Raise :class:`TextDataError` unless ``path`` is readable training data.
+
+    That is a UTF-8 ``.txt`` file with some text in it or, when ``allow_folder``, a folder written
+    by ``Dataset(Dict).save_to_disk``.
+    """
+    path = Path(path)
+    if path.is_dir():
+        if not allow_folder:
+            raise TextDataError(f"{path} is a folder; expected a text file")
+        if not any((path / name).is_file() for name in SAVED_DATASET_FILES):
+            raise TextDataError(f"{path} is a folder but not a saved dataset (no {' or '.join(SAVED_DATASET_FILES)} "
+                                "from save_to_disk)")
+        return
+    if not path.is_file():
+        raise TextDataError(f"{path} does not exist" if not path.exists() else f"{path} is not a regular file")
+    _check_text_file(path)
 
 
 def load_text_splits(data: str | None = None, *, eval_data: str | None = None, cache_dir=None,
@@ -108,19 +176,22 @@ def load_text_splits(data: str | None = None, *, eval_data: str | None = None, c
 
     ``data``: a ``.txt`` file (one document per blank-line separated block; ``eval_data`` or a 5%
     split gives the eval set), a folder saved by ``Dataset(Dict).save_to_disk``, or None for the
-    built-in real text written under ``cache_dir``.
+    built-in real text written under ``cache_dir``. Data that cannot serve raises :class:`TextDataError`.
     """
     import datasets
 
     if data is None:
         files = write_text_corpus(cache_dir or Path.home() / ".cache" / "hf_flashpatch" / "text", source=source)
         return datasets.load_dataset("text", data_files=files, sample_by="paragraph")
+    check_data_path(data)
+    if eval_data is not None:
+        check_data_path(eval_data, allow_folder=False)
     path = Path(data)
     if path.is_dir():
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
-                raise ValueError(f"dataset at {path} has splits {list(loaded)}, needs 'train'")
+                raise TextDataError(f"dataset at {path} has splits {list(loaded)}, needs 'train'")
             eval_split = next((s for s in ("eval", "validation", "test") if s in loaded), None)
             if eval_split is not None:
                 return datasets.DatasetDict(train=loaded["train"], eval=loaded[eval_split])
@@ -130,6 +201,9 @@ def load_text_splits(data: str | None = None, *, eval_data: str | None = None, c
     files = {"train": str(path)} | ({"eval": str(eval_data)} if eval_data else {})
     loaded = datasets.load_dataset("text", data_files=files, sample_by="paragraph")
     if "eval" not in loaded:
+        if len(loaded["train"]) < 2:
+            raise TextDataError(f"{path} holds only one document; holding 5% out for evaluation needs 2 or more "
+                                "(documents are separated by a blank line), or a separate eval file")
         split = loaded["train"].train_test_split(test_size=0.05, seed=0)
         loaded = datasets.DatasetDict(train=split["train"], eval=split["test"])
     return loaded
@@ -165,7 +239,7 @@ def pack_fixed_length(tokenized, seq_len: int, *, max_sequences: int | None = No
     if max_sequences is not None:
         rows = rows[:max_sequences]
     if not rows:
-        raise ValueError(f"{len(flat)} tokens are fewer than one sequence of seq_len={seq_len}")
+        raise TextDataError(f"{len(flat)} tokens are fewer than one sequence of seq_len={seq_len}")
     return datasets.Dataset.from_dict({"input_ids": rows})
 
 

@@ -8,20 +8,22 @@ plain ``python``. Data comes from :mod:`hf_flashpatch.text_data`; two packings:
   ``DataCollatorWithFlattening`` (restarting position ids, ``cu_seq_lens``; no padding, no N x N
   mask): long-context fine-tuning.
 
-Resuming loses nothing: the checkpoint (written atomically to ``OUTPUT/checkpoint``) holds the model,
-optimizer, scheduler and RNG states (``accelerator.save_state``) and ``trainer_state.json`` with the
-step, so the data position is recomputed (the data order is a pure function of seed and epoch).
-SIGINT/SIGTERM set a flag; the loop stops at the next step boundary, all processes agree on it, and
-it writes a checkpoint first.
+Resuming loses nothing: the checkpoint (``OUTPUT/checkpoint``, swapped in so that a kill at any point
+leaves a complete one: :mod:`hf_flashpatch.checkpointing`) holds the model, optimizer, scheduler and
+RNG states (``accelerator.save_state``) and ``trainer_state.json`` with the step, so the data position
+is recomputed (the data order is a pure function of seed and epoch). A resume with settings that
+change what a step means (``--seq-len``, ``--batch-size``, ...) is refused. SIGINT/SIGTERM set a flag;
+the loop stops at the next step boundary, all processes agree on it, and it writes a checkpoint first.
+
+Arguments, the model folder and the data files are checked before anything loads: a problem raises
+:class:`TrainingInputError`, which the scripts print as one line (exit status 2).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import resource
-import shutil
 import signal
 import time
 import warnings
@@ -31,100 +33,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from . import ATTN_NAME, text_data
+from . import checkpointing, text_data
+from .train_args import TrainArgs, TrainingInputError, add_train_arguments, check_args
 
-__all__ = ["TrainArgs", "add_train_arguments", "evaluate_perplexity", "resolve_attn_implementation", "train"]
+__all__ = ["TrainArgs", "TrainingInputError", "add_train_arguments", "check_args", "evaluate_perplexity",
+           "resolve_attn_implementation", "train"]
 
-CHECKPOINT = "checkpoint"
 # Which parameters train (names contain ".<part>."); None = all of them.
 TRAINABLE = {"all": None, "attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "kv": ("k_proj", "v_proj")}
-STATE_FILE = "trainer_state.json"
-
-
-@dataclass
-class TrainArgs:
-    """Everything a run needs; the scripts fill it from the command line (see ``add_train_arguments``)."""
-
-    model: str  # a checkpoint folder, or "smollm2" for the shipped SmolLM2-135M
-    output_dir: str
-    data: str | None = None  # .txt (documents split by blank lines) or a save_to_disk folder; None: real text
-    eval_data: str | None = None
-    source: str = "auto"  # built-in text when data is None: wiki (gensim excerpt) or pydoc
-    text_cache: str | None = None
-    max_train_docs: int | None = None
-    kv_heads: int | None = None  # convert (GQA/MQA) before training
-    convert_method: str = "mean"
-    trainable: str = "all"  # all (the paper's uptraining) | attention | kv (the converted projections only)
-    attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
-    packing: str = "fixed"  # fixed | flatten
-    seq_len: int = 512
-    batch_size: int = 4  # per process
-    grad_accum: int = 1
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None  # default: 5% of the steps
-    lr_scheduler: str = "cosine"
-    max_grad_norm: float = 1.0
-    token_budget: int | None = None
-    token_fraction: float | None = None
-    pretrain_tokens: int | None = None
-    max_steps: int | None = None
-    epochs: int = 1
-    eval_every: int = 0
-    eval_sequences: int | None = 16
-    eval_seq_len: int | None = None
-    eval_batch_size: int = 4
-    save_every: int = 0
-    resume: bool = True
-    gradient_checkpointing: bool = False
-    cpu: bool = False
-    seed: int = 0
-
-
-FLAG_HELP = {
-    "model": "checkpoint folder, or 'smollm2' for the shipped SmolLM2-135M",
-    "output_dir": "run folder: checkpoint/ (resume point), final/ (the trained model), report.json",
-    "data": "a .txt file (documents separated by blank lines) or a save_to_disk folder; default: built-in real text",
-    "eval_data": "held-out .txt file (default: 5%% of --data, or every 10th built-in document)",
-    "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, or auto (wiki, else pydoc)",
-    "kv_heads": "convert to this many KV heads before training (1 = MQA)",
-    "convert_method": "pooling for --kv-heads: mean, first or random",
-    "trainable": "all (the paper), attention (q/k/v/o projections) or kv (k/v projections only)",
-    "attn_implementation": "attention backend; the plugin's by default (CUDA kernels on GPU, torch fallback on CPU)",
-    "packing": "fixed: rows of --seq-len tokens; flatten: whole documents per row (DataCollatorWithFlattening)",
-    "batch_size": "rows per process per micro-step",
-    "token_budget": "training tokens in total (all processes); sets the number of steps",
-    "token_fraction": "budget as a fraction of --pretrain-tokens (the paper uses 0.05)",
-    "warmup_steps": "default: 5%% of the steps",
-    "eval_every": "steps between held-out perplexity evaluations (0: none)",
-    "save_every": "steps between checkpoints (0: only on interrupt)",
-    "resume": "resume from OUTPUT/checkpoint when there is one",
-    "cpu": "force CPU even where a GPU exists",
-}
-CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("mean", "first", "random"),
-           "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten")}
-
-
-def add_train_arguments(parser, **defaults) -> None:
-    """One ``--flag`` per ``TrainArgs`` field; ``defaults`` overrides the dataclass defaults per script."""
-    import argparse
-    import dataclasses
-
-    for f in dataclasses.fields(TrainArgs):
-        flag = "--" + f.name.replace("_", "-")
-        default = defaults.get(f.name, f.default)
-        kind = str(f.type)
-        help_text = FLAG_HELP.get(f.name)
-        if f.name in ("model", "output_dir") and f.name not in defaults:
-            parser.add_argument(flag, dest=f.name, required=True, help=help_text)
-        elif kind == "bool":
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            convert = {"int": int, "float": float}.get(kind.split(" |")[0], str)
-            if f.name in ("token_budget", "pretrain_tokens"):
-                convert = lambda text: int(float(text))  # noqa: E731  (accept 2e12)
-            parser.add_argument(flag, dest=f.name, type=convert, default=default, help=help_text,
-                                choices=CHOICES.get(f.name))
 
 
 def resolve_attn_implementation(requested: str) -> str:
@@ -191,6 +107,41 @@ class _State:
     elapsed_s: float = 0.0
     losses: list = field(default_factory=list)
     evals: list = field(default_factory=list)  # [{"step", "perplexity"}]
+    settings: dict = field(default_factory=dict)  # what a step means; a resume must not change it
+
+
+# Labels for the run settings a resume must keep: they fix which batches a saved step consumed.
+SETTING_LABELS = {"seq_len": "--seq-len", "batch_size": "--batch-size", "grad_accum": "--grad-accum",
+                  "packing": "--packing", "seed": "--seed", "num_processes": "the number of processes"}
+
+
+def _run_settings(args: TrainArgs, num_processes: int) -> dict:
+    return {name: num_processes if name == "num_processes" else getattr(args, name) for name in SETTING_LABELS}
+
+
+def _resume_point(args: TrainArgs, accelerator, output: Path, settings: dict) -> Path | None:
+    """The checkpoint to resume from, after recovering from a save a kill cut short; None: start at step 0.
+
+    Refuses a checkpoint saved with other ``settings``: its step would point at the wrong batches.
+    """
+    if accelerator.is_main_process and output.is_dir():
+        checkpointing.recover(output)
+    accelerator.wait_for_everyone()
+    checkpoint = output / checkpointing.CHECKPOINT
+    if not args.resume or not checkpoint.exists():
+        return None
+    if not checkpointing.is_complete(checkpoint):
+        raise TrainingInputError(
+            f"cannot resume from {checkpoint}: it has no valid {checkpointing.MANIFEST} manifest (written by an "
+            "older hf_flashpatch, or altered); pass --no-resume to start over (the first save replaces it)")
+    saved = checkpointing.read_state(checkpoint).get("settings", {})
+    changed = [f"{label} was {saved[name]}, now {settings[name]}" for name, label in SETTING_LABELS.items()
+               if name in saved and saved[name] != settings[name]]
+    if changed:
+        raise TrainingInputError(
+            f"cannot resume from {checkpoint} with other settings ({'; '.join(changed)}): its step counts "
+            "batches of the saved settings; rerun with those, or pass --no-resume to start over")
+    return checkpoint
 
 
 def _load_model(args: TrainArgs, attn_implementation: str):
@@ -221,17 +172,27 @@ def _load_model(args: TrainArgs, attn_implementation: str):
 
 def _datasets(args: TrainArgs, tokenizer, accelerator):
     with accelerator.main_process_first():
-        splits = text_data.load_text_splits(args.data, eval_data=args.eval_data, cache_dir=args.text_cache,
-                                            source=args.source)
+        try:
+            splits = text_data.load_text_splits(args.data, eval_data=args.eval_data, cache_dir=args.text_cache,
+                                                source=args.source)
+        except text_data.TextDataError as error:
+            raise TrainingInputError(f"--data: {error}") from None
         train_docs = splits["train"]
         if args.max_train_docs is not None:
             train_docs = train_docs.select(range(min(args.max_train_docs, len(train_docs))))
         train_tok = text_data.tokenize_documents(train_docs, tokenizer)
         eval_tok = text_data.tokenize_documents(splits["eval"], tokenizer)
-    eval_rows = text_data.pack_fixed_length(eval_tok, args.eval_seq_len or args.seq_len,
-                                            max_sequences=args.eval_sequences)
+    try:
+        eval_rows = text_data.pack_fixed_length(eval_tok, args.eval_seq_len or args.seq_len,
+                                                max_sequences=args.eval_sequences)
+    except text_data.TextDataError as error:
+        raise TrainingInputError(f"eval data: {error}; give more eval text or a smaller --eval-seq-len") from None
     if args.packing == "fixed":
-        train = text_data.pack_fixed_length(train_tok, args.seq_len)
+        try:
+            train = text_data.pack_fixed_length(train_tok, args.seq_len)
+        except text_data.TextDataError as error:
+            raise TrainingInputError(f"training data: {error}; give more text (--data, --max-train-docs) "
+                                     "or a smaller --seq-len") from None
     else:
         train = text_data.split_long_documents(train_tok, args.seq_len)
     return train, eval_rows
@@ -306,25 +267,9 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _save_checkpoint(accelerator, output: Path, state: _State) -> None:
-    final, tmp = output / CHECKPOINT, output / (CHECKPOINT + ".tmp")
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)  # the old checkpoint stays valid until the new one is complete
-    accelerator.wait_for_everyone()
-
-
 def _steps_for(args: TrainArgs, tokens_per_step: int, steps_per_epoch: int) -> int:
     budget = args.token_budget
-    if budget is None and args.token_fraction is not None:
-        if args.pretrain_tokens is None:
-            raise ValueError("--token-fraction needs --pretrain-tokens (the pre-training token count)")
+    if budget is None and args.token_fraction is not None:  # check_args saw --pretrain-tokens set
         budget = int(args.token_fraction * args.pretrain_tokens)
     if budget is not None:
         return max(1, math.ceil(budget / tokens_per_step))
@@ -336,8 +281,10 @@ def _steps_for(args: TrainArgs, tokens_per_step: int, steps_per_epoch: int) -> i
 def train(args: TrainArgs, *, on_step_end=None) -> dict:
     """Train per ``args``; returns the report (also written to ``OUTPUT/report.json``).
 
-    ``on_step_end(step, loss)`` is called on every process after each optimizer step.
+    ``on_step_end(step, loss)`` is called on every process after each optimizer step. Raises
+    :class:`TrainingInputError` when the arguments, model, data or checkpoint cannot serve the run.
     """
+    check_args(args)
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from transformers import get_scheduler
@@ -348,6 +295,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                               cpu=args.cpu or not torch.cuda.is_available())
     set_seed(args.seed)
     output = Path(args.output_dir)
+    settings = _run_settings(args, accelerator.num_processes)
+    resume_from = _resume_point(args, accelerator, output, settings)
     attn = resolve_attn_implementation(args.attn_implementation)
     model, tokenizer = _load_model(args, attn)
     train_rows, eval_rows = _datasets(args, tokenizer, accelerator)
@@ -357,8 +306,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     world = accelerator.num_processes
     steps_per_epoch = len(train_loader) // world // args.grad_accum
     if steps_per_epoch < 1:
-        raise ValueError(f"{len(train_loader)} batches cannot fill one step of {world} processes x "
-                         f"{args.grad_accum} accumulation; use more data or a smaller --batch-size/--seq-len")
+        raise TrainingInputError(f"{len(train_loader)} batches cannot fill one step of {world} processes x "
+                                 f"{args.grad_accum} accumulation; use more data or a smaller --batch-size/--seq-len")
     tokens_per_step = args.seq_len * (args.batch_size if args.packing == "fixed" else 1) * args.grad_accum * world
     max_steps = _steps_for(args, tokens_per_step, steps_per_epoch)
 
@@ -373,12 +322,12 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
 
-    state = _State()
-    checkpoint = output / CHECKPOINT
-    if args.resume and (checkpoint / STATE_FILE).is_file():
-        accelerator.load_state(str(checkpoint))
-        state = _State(**json.loads((checkpoint / STATE_FILE).read_text()))
-        accelerator.print(f"resumed from {checkpoint} at step {state.step} ({state.tokens:,} tokens)")
+    state = _State(settings=settings)
+    checkpoint = output / checkpointing.CHECKPOINT
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        state = _State(**checkpointing.read_state(resume_from))
+        accelerator.print(f"resumed from {resume_from} at step {state.step} ({state.tokens:,} tokens)")
 
     report = {"attn_implementation": attn, "max_steps": max_steps, "tokens_per_step": tokens_per_step,
               "num_processes": world, "distributed_type": str(accelerator.distributed_type.value),
@@ -439,7 +388,7 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                 if interrupted or periodic:
                     state.elapsed_s += time.perf_counter() - run_start
                     run_start = time.perf_counter()
-                    _save_checkpoint(accelerator, output, state)
+                    checkpointing.save(accelerator, output, asdict(state))
                 if interrupted or state.step >= max_steps:
                     break
                 if micro == (steps_per_epoch - offset) * args.grad_accum:

@@ -18,7 +18,7 @@ import sys
 
 from accelerate import PartialState
 
-from hf_flashpatch.training import TrainArgs, add_train_arguments, train
+from hf_flashpatch.training import TrainArgs, TrainingInputError, add_train_arguments, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = TrainArgs(**vars(parser.parse_args(argv)))
     if args.packing != "flatten":
         parser.error(f"finetune_long.py packs with DataCollatorWithFlattening; got --packing {args.packing}")
-    report = train(args)
+    try:
+        report = train(args)
+    except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     if not PartialState().is_main_process:
         return 0
     summary = {k: v for k, v in report.items() if k != "losses"}

@@ -9,9 +9,11 @@
     # the budget as a fraction of pre-training
     ... --token-fraction 0.05 --pretrain-tokens 2e12
 
-Rerunning the same command after an interrupt (Ctrl-C, SIGTERM, a crash after a checkpoint) resumes
-from OUTPUT/checkpoint with nothing lost; ``--no-resume`` starts over. The attention backend defaults to
-the plugin's (``hf_flashpatch.ATTN_NAME``: CUDA kernels on GPU, torch fallback on CPU).
+Rerunning the same command after an interrupt (Ctrl-C, SIGTERM, a crash or kill, even mid-save) resumes
+from the last complete checkpoint in OUTPUT with nothing lost; ``--no-resume`` starts over. A resume
+with another ``--seq-len``, ``--batch-size``, ``--grad-accum`` or ``--seed`` is refused. The attention
+backend defaults to the plugin's (``hf_flashpatch.ATTN_NAME``: CUDA kernels on GPU, torch fallback on
+CPU).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 
 from accelerate import PartialState
 
-from hf_flashpatch.training import TrainArgs, add_train_arguments, train
+from hf_flashpatch.training import TrainArgs, TrainingInputError, add_train_arguments, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_train_arguments(parser, packing="fixed", seq_len=512, eval_every=50, save_every=100)
     args = TrainArgs(**vars(parser.parse_args(argv)))
-    report = train(args)
+    try:
+        report = train(args)
+    except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     if not PartialState().is_main_process:
         return 0
     summary = {k: v for k, v in report.items() if k != "losses"}

@@ -1,0 +1,163 @@
+"""What a training run is asked to do: :class:`TrainArgs`, its command-line flags, and the checks on them.
+
+:func:`check_args` runs before anything loads, so that a wrong argument, a missing model or an unusable
+data file costs no model load: it raises :class:`TrainingInputError`, whose message names the argument
+and what it got, and the scripts print that as one line and exit 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ATTN_NAME, text_data
+
+__all__ = ["CHOICES", "TrainArgs", "TrainingInputError", "add_train_arguments", "check_args"]
+
+
+class TrainingInputError(ValueError):
+    """The run cannot start as asked: an argument, the model, the data or the checkpoint to resume.
+
+    The message names the argument and what it got; the scripts print it as one line and exit 2.
+    """
+
+
+@dataclass
+class TrainArgs:
+    """Everything a run needs; the scripts fill it from the command line (see ``add_train_arguments``)."""
+
+    model: str  # a checkpoint folder, or "smollm2" for the shipped SmolLM2-135M
+    output_dir: str
+    data: str | None = None  # .txt (documents split by blank lines) or a save_to_disk folder; None: real text
+    eval_data: str | None = None
+    source: str = "auto"  # built-in text when data is None: wiki (gensim excerpt) or pydoc
+    text_cache: str | None = None
+    max_train_docs: int | None = None
+    kv_heads: int | None = None  # convert (GQA/MQA) before training
+    convert_method: str = "mean"
+    trainable: str = "all"  # all (the paper's uptraining) | attention | kv (the converted projections only)
+    attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
+    packing: str = "fixed"  # fixed | flatten
+    seq_len: int = 512
+    batch_size: int = 4  # per process
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int | None = None  # default: 5% of the steps
+    lr_scheduler: str = "cosine"
+    max_grad_norm: float = 1.0
+    token_budget: int | None = None
+    token_fraction: float | None = None
+    pretrain_tokens: int | None = None
+    max_steps: int | None = None
+    epochs: int = 1
+    eval_every: int = 0
+    eval_sequences: int | None = 16
+    eval_seq_len: int | None = None
+    eval_batch_size: int = 4
+    save_every: int = 0
+    resume: bool = True
+    gradient_checkpointing: bool = False
+    cpu: bool = False
+    seed: int = 0
+
+
+FLAG_HELP = {
+    "model": "checkpoint folder, or 'smollm2' for the shipped SmolLM2-135M",
+    "output_dir": "run folder: checkpoint/ (resume point), final/ (the trained model), report.json",
+    "data": "a .txt file (documents separated by blank lines) or a save_to_disk folder; default: built-in real text",
+    "eval_data": "held-out .txt file (default: 5%% of --data, or every 10th built-in document)",
+    "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, or auto (wiki, else pydoc)",
+    "kv_heads": "convert to this many KV heads before training (1 = MQA)",
+    "convert_method": "pooling for --kv-heads: mean, first or random",
+    "trainable": "all (the paper), attention (q/k/v/o projections) or kv (k/v projections only)",
+    "attn_implementation": "attention backend; the plugin's by default (CUDA kernels on GPU, torch fallback on CPU)",
+    "packing": "fixed: rows of --seq-len tokens; flatten: whole documents per row (DataCollatorWithFlattening)",
+    "batch_size": "rows per process per micro-step",
+    "token_budget": "training tokens in total (all processes); sets the number of steps",
+    "token_fraction": "budget as a fraction of --pretrain-tokens (the paper uses 0.05)",
+    "warmup_steps": "default: 5%% of the steps",
+    "eval_every": "steps between held-out perplexity evaluations (0: none)",
+    "save_every": "steps between checkpoints (0: only on interrupt)",
+    "resume": "resume from OUTPUT/checkpoint when there is one",
+    "cpu": "force CPU even where a GPU exists",
+}
+CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("mean", "first", "random"),
+           "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten")}
+
+
+def add_train_arguments(parser, **defaults) -> None:
+    """One ``--flag`` per ``TrainArgs`` field; ``defaults`` overrides the dataclass defaults per script."""
+    import argparse
+    import dataclasses
+
+    for f in dataclasses.fields(TrainArgs):
+        flag = "--" + f.name.replace("_", "-")
+        default = defaults.get(f.name, f.default)
+        kind = str(f.type)
+        help_text = FLAG_HELP.get(f.name)
+        if f.name in ("model", "output_dir") and f.name not in defaults:
+            parser.add_argument(flag, dest=f.name, required=True, help=help_text)
+        elif kind == "bool":
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            convert = {"int": int, "float": float}.get(kind.split(" |")[0], str)
+            if f.name in ("token_budget", "pretrain_tokens"):
+                convert = lambda text: int(float(text))  # noqa: E731  (accept 2e12)
+            parser.add_argument(flag, dest=f.name, type=convert, default=default, help=help_text,
+                                choices=CHOICES.get(f.name))
+
+
+# The least each numeric field may be (a field left None is not set).
+MINIMUM = {"seq_len": 2, "batch_size": 1, "grad_accum": 1, "epochs": 1, "eval_batch_size": 1, "eval_every": 0,
+           "save_every": 0, "max_steps": 1, "token_budget": 1, "pretrain_tokens": 1, "kv_heads": 1,
+           "max_train_docs": 1, "eval_sequences": 1, "eval_seq_len": 2, "warmup_steps": 0}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_model(model: str) -> None:
+    if model == "smollm2":
+        from .models import smollm2_dir
+
+        try:
+            smollm2_dir()
+        except FileNotFoundError as error:
+            raise TrainingInputError(f"--model smollm2: {error}") from None
+        return
+    path = Path(model)
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise TrainingInputError(f"--model {model!r} {what}; give a checkpoint folder, or 'smollm2'")
+    if not (path / "config.json").is_file():
+        raise TrainingInputError(f"--model {model!r} is not a model checkpoint: it has no config.json")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise TrainingInputError(f"--model {model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                                 "save one beside the model with tokenizer.save_pretrained")
+
+
+def check_args(args: TrainArgs) -> None:
+    """Raise :class:`TrainingInputError` for the first argument that cannot work; runs before anything loads."""
+    for name, minimum in MINIMUM.items():
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise TrainingInputError(f"{_flag(name)} must be >= {minimum}, got {value}")
+    for name, allowed in CHOICES.items():
+        value = getattr(args, name)
+        if value not in allowed:
+            raise TrainingInputError(f"{_flag(name)} must be one of {', '.join(allowed)}, got {value!r}")
+    if args.token_fraction is not None:
+        if not 0 < args.token_fraction <= 1:
+            raise TrainingInputError(f"--token-fraction must be in (0, 1], got {args.token_fraction}")
+        if args.pretrain_tokens is None:
+            raise TrainingInputError("--token-fraction needs --pretrain-tokens (the pre-training token count)")
+    _check_model(args.model)
+    for name in ("data", "eval_data"):
+        if getattr(args, name) is not None:
+            try:
+                text_data.check_data_path(getattr(args, name), allow_folder=name == "data")
+            except text_data.TextDataError as error:
+                raise TrainingInputError(f"{_flag(name)}: {error}") from None
