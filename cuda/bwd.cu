@@ -86,11 +86,11 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
       int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb,      \
       int64_t v_ss, int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k,   \
       int heads, int kv_heads, int rows_pad, float softmax_scale, float scale_log2, float softcap_in,        \
-      float softcap_out, int left, int right, int heavy_first
+      float softcap_out, int left, int right, int total_q, int total_k, int heavy_first
 #define HFP_DKDV_ARGS                                                                                       \
   q, k, v, dout, lse2_ws, dvec_ws, dq_accum, dk, dv, cu_q, cu_k, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb,   \
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
-      scale_log2, softcap_in, softcap_out, left, right, heavy_first
+      scale_log2, softcap_in, softcap_out, left, right, total_q, total_k, heavy_first
 
 // grid: dkdv_grid in hf_flashpatch/kernels/backward.py (key blocks x kv heads x batch, in the order heavy_first
 // names; see dkdv_block), kThreads threads.
@@ -134,7 +134,8 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int64_t q_sb, int64_t q_ss, int64_t q_sh,
     int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss, int64_t v_sh, int64_t do_sb,
     int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads, int rows_pad,
-    float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right) {
+    float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right, int total_q,
+    int total_k) {
   extern __shared__ __align__(16) unsigned char dq_smem_raw[];
   T* q_s = reinterpret_cast<T*>(dq_smem_raw);  // (kQBlockM, kPadD)
   T* do_s = q_s + kQBlockM * kPadD;          // (kQBlockM, kPadD)
@@ -145,7 +146,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
   const int g = lane >> 2, t4 = lane & 3;
   // Last query block first: with a causal mask it sees the most keys (heaviest first; neutral otherwise).
   const int m_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
+  const int2 sq = sequence(cu_q, b, seqlen_q, total_q), sk = sequence(cu_k, b, seqlen_k, total_k);
   const int m0 = m_block * kQBlockM;
   if (m0 >= sq.y) return;
   const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};

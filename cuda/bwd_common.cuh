@@ -233,10 +233,9 @@ __device__ __forceinline__ DkdvBlock dkdv_block(int heavy_first) {
 }
 
 // Sequence geometry of batch entry b: start token and length (varlen when cu != nullptr).
-__device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len) {
+__device__ __forceinline__ int2 sequence(const int* cu, int b, int fixed_len, int total) {
   if (cu == nullptr) return make_int2(0, fixed_len);
-  const int s = cu[b];
-  return make_int2(s, cu[b + 1] - s);
+  return packed_span(cu, b, total);  // varlen: clamped into the tensor's total rows (primitives.cuh)
 }
 
 }  // namespace bwd

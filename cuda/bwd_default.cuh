@@ -16,7 +16,7 @@ __device__ __forceinline__ void dkdv_body(
     int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss,
     int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads,
     int rows_pad, float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right,
-    int heavy_first) {
+    int total_q, int total_k, int heavy_first) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);               // (kBlockN, kPadD)
   T* v_s = k_s + kBlockN * kPadD;                          // (kBlockN, kPadD)
@@ -31,7 +31,7 @@ __device__ __forceinline__ void dkdv_body(
   // heavy_first is 1 for this body (no register room for the choice: see dkdv_block)
   const DkdvBlock blk = dkdv_block(1);
   const int n_block = blk.n_block, hk = blk.kv_head, b = blk.batch;
-  const int2 sq = sequence(cu_q, b, seqlen_q), sk = sequence(cu_k, b, seqlen_k);
+  const int2 sq = sequence(cu_q, b, seqlen_q, total_q), sk = sequence(cu_k, b, seqlen_k, total_k);
   const int n0 = n_block * kBlockN;
   if (n0 >= sk.y) return;
   const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};

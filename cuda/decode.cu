@@ -42,7 +42,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   // Visible key range of the tile's rows (bottom-right aligned: token i sits at key i + L - n_q).
   const int shift = seqlen_k - n_q;
   const int pos_first = first_row / group + shift, pos_last = (first_row + rows_valid - 1) / group + shift;
-  int k_lo = p.window_left >= 0 ? max(0, pos_first - p.window_left) : 0;
+  int k_lo = max(p.kv.key_start(b), p.window_left >= 0 ? pos_first - p.window_left : 0);
   int k_hi = p.window_right >= 0 ? min(seqlen_k, pos_last + p.window_right + 1) : seqlen_k;
   k_hi = max(k_hi, k_lo);
   // Split the range in chunks that are whole multiples of the CTA's 64-key stride.
@@ -389,8 +389,11 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       const float4 o = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
       acc.x += o.x * f, acc.y += o.y * f, acc.z += o.z * f, acc.w += o.w * f;
     }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;  // rows that see nothing: zeros, lse -inf
-    const float lse = sum > 0.f ? (m + log2f(sum)) * kLn2 : -INFINITY;
+    // Rows that see nothing (sum 0): zeros, lse -inf. A NaN score (NaN in q or k) makes sum NaN, which
+    // must stay NaN: `sum > 0` would be false for it and turn the row into "saw nothing".
+    const bool seen = sum != 0.f;
+    const float inv = seen ? 1.f / sum : 0.f;
+    const float lse = seen ? (m + log2f(sum)) * kLn2 : -INFINITY;
     const int row = first_row + r, tok = row / group, head = kv_head * group + row % group;
     if (p.num_splits == 1) {
       const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.out_stride_b;
@@ -435,16 +438,17 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 #define HFP_DECODE_ARGS                                                                                   \
   const Elem *q, long long q_sb, long long q_ss, long long q_sh, const int *cu_q, int seqlen_q,          \
       const Elem *k, const Elem *v, long long ks0, long long ks1, long long ks2, long long vs0,           \
-      long long vs1, long long vs2, const int *seqlens, int default_seqlen, const void *index,           \
-      long long index_stride, int page_size, const int *cu_k, Elem *out, long long out_sb,              \
-      long long out_ss, long long out_sh, float *lse, long long lse_sb, long long lse_sh, long long lse_ss, \
+      long long vs1, long long vs2, const int *seqlens, const int *key_starts, int default_seqlen,         \
+      const void *index, long long index_stride, int page_size, const int *cu_k, int kv_rows, Elem *out,  \
+      long long out_sb, long long out_ss, long long out_sh, float *lse, long long lse_sb, long long lse_sh, \
+      long long lse_ss,                                                                                   \
       float *o_part, float *lse_part, int batch, int heads, int kv_heads, int num_splits, int row_tiles,  \
       int total_q, float score_mul, float softcap_mul, int window_left, int window_right
 
 #define HFP_DECODE_PARAMS                                                                                 \
   DecodeParams p{q, q_sb, q_ss, q_sh, cu_q, seqlen_q,                                                    \
-                 KvAddressT<Elem>{k, v, ks0, ks1, ks2, vs0, vs1, vs2, seqlens, default_seqlen, index,    \
-                                  index_stride, page_size, cu_k},                                        \
+                 KvAddressT<Elem>{k, v, ks0, ks1, ks2, vs0, vs1, vs2, seqlens, key_starts, default_seqlen, index,    \
+                                  index_stride, page_size, cu_k, kv_rows},                                        \
                  out, out_sb, out_ss, out_sh, lse, lse_sb, lse_sh, lse_ss, o_part, lse_part, batch, heads, \
                  kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right}
 

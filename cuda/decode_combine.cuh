@@ -21,7 +21,9 @@ __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
   const float base = m == -INFINITY ? 0.f : m;
   float weight_sum = 0.f;
   for (int s = 0; s < p.num_splits; ++s) weight_sum += __expf(p.lse_part[row0 + s * split_stride] - base);
-  const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;
+  // weight_sum != 0, not > 0: a NaN partial lse (a NaN score) must give NaN, not "no key seen".
+  const bool seen = weight_sum != 0.f;
+  const float inv = seen ? 1.f / weight_sum : 0.f;
   // Batched form: flat_tok = b * S_q + tok; packed form: the batch stride is 0 and tok = flat_tok.
   const long long tok_in_row = p.cu_seqlens_q ? flat_tok : flat_tok % p.seqlen_q;
   Elem* dst = p.out + (long long)b * p.out_stride_b + tok_in_row * p.out_stride_s + (long long)head * p.out_stride_h;
@@ -37,7 +39,7 @@ __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
   }
   if (lane == 0) {
     p.lse[(long long)b * p.lse_stride_b + (long long)head * p.lse_stride_h + tok_in_row * p.lse_stride_s] =
-        weight_sum > 0.f ? base + __logf(weight_sum) : -INFINITY;
+        seen ? base + __logf(weight_sum) : -INFINITY;
   }
 }
 

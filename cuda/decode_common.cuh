@@ -122,11 +122,13 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
-// Per-sequence geometry shared by the split kernel and the combine kernel.
+// Per-sequence geometry shared by the split kernel and the combine kernel. Packed q: the rows of
+// cu_seqlens_q clamped into [0, total_q) (primitives.cuh packed_span), at most seqlen_q of them.
 __device__ __forceinline__ void sequence_queries(const DecodeParams& p, int b, int& q_begin, int& n_q) {
   if (p.cu_seqlens_q != nullptr) {
-    q_begin = p.cu_seqlens_q[b];
-    n_q = min(p.cu_seqlens_q[b + 1] - q_begin, p.seqlen_q);
+    const int2 span = packed_span(p.cu_seqlens_q, b, p.total_q);
+    q_begin = span.x;
+    n_q = min(span.y, p.seqlen_q);
   } else {
     q_begin = 0;
     n_q = p.seqlen_q;

@@ -46,7 +46,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,
     int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,
     int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left,
-    int window_right, float scale_log2, float softcap_pre_scale) {
+    int window_right, float scale_log2, float softcap_pre_scale, int total_q, int total_k) {
   using namespace hfp;
   using namespace hfp::fwd;
   using namespace hfp::sm90;
@@ -66,11 +66,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   // ---- sequence bounds and visible key tiles (as in fwd_hopper.cu), computed by every warp
   int64_t q_token0 = 0, k_token0 = 0;
-  if (cu_seqlens_q != nullptr) {
-    q_token0 = cu_seqlens_q[batch];
-    k_token0 = cu_seqlens_k[batch];
-    seqlen_q = cu_seqlens_q[batch + 1] - q_token0;
-    seqlen_k = cu_seqlens_k[batch + 1] - k_token0;
+  if (cu_seqlens_q != nullptr) {  // clamped into the total_q / total_k rows passed (packed_span)
+    const int2 span_q = packed_span(cu_seqlens_q, batch, total_q);
+    const int2 span_k = packed_span(cu_seqlens_k, batch, total_k);
+    q_token0 = span_q.x;
+    k_token0 = span_k.x;
+    seqlen_q = span_q.y;
+    seqlen_k = span_k.y;
   }
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * kBlockM;

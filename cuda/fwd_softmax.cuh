@@ -134,7 +134,9 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(row_sum[mt][h]);
-        const bool seen = sum > 0.f;
+        // sum != 0, not > 0: a NaN score (NaN in q or k) leaves sum NaN, and the row must come out NaN
+        // (as in torch), not as a row that saw no key. The maxima ignore NaN (fmaxf), the sums do not.
+        const bool seen = sum != 0.f;
         inv_sum[mt][h] = seen ? 1.f / sum : 0.f;
         lse[mt][h] = seen ? (row_max[mt][h] * scale_log2 + __log2f(sum)) * kLn2 : kNegInf;
       }

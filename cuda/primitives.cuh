@@ -124,4 +124,15 @@ __device__ __forceinline__ float warp_sum(float x) {
 // log2(e): kernels work in base 2 (exp2f is one MUFU op) with scores pre-scaled by scale*log2(e).
 constexpr float kLog2e = 1.4426950408889634f;
 
+// ---------------------------------------------------------------- index tables
+// Rows [x, x + y) of packed sequence b, from a (num_seqs + 1,) cu_seqlens table over a tensor of
+// `total` rows. Both ends are clamped into [0, total] and the length to >= 0, so no table content
+// can make a kernel touch a row outside the tensor. (Invalid tables are rejected on the host when
+// the API's content checks run; unchecked, they give wrong rows, never an out-of-bounds access.)
+__device__ __forceinline__ int2 packed_span(const int* cu, int b, int total) {
+  const int begin = min(max(cu[b], 0), total);
+  const int end = min(max(cu[b + 1], begin), total);
+  return make_int2(begin, end - begin);
+}
+
 }  // namespace hfp

@@ -8,14 +8,28 @@ takes the fallback with one warning per reason.
 Common keyword arguments:
 
 - ``causal``: bottom-right aligned when ``seqlen_q < seqlen_k`` (queries are the last tokens);
-- ``softmax_scale``: default ``1 / sqrt(head_dim)``;
-- ``window``: ``(left, right)`` keys visible on each side of the diagonal, ``None``/``-1`` unbounded
-  (transformers' ``sliding_window=W`` is ``(W - 1, 0)`` with causal);
-- ``softcap``: ``scores = softcap * tanh(scores / softcap)`` after scaling (Gemma 2);
-- ``return_lse``: also return the fp32 log-sum-exp of each query row, ``-inf`` where no key is seen.
+- ``softmax_scale``: a finite float; ``None`` (only ``None``) means ``1 / sqrt(head_dim)``, so
+  ``0.0`` is a scale of 0 on every path;
+- ``window``: ``(left, right)`` ints, keys visible on each side of the diagonal, ``None``/``-1``
+  unbounded (transformers' ``sliding_window=W`` is ``(W - 1, 0)`` with causal);
+- ``softcap``: ``scores = softcap * tanh(scores / softcap)`` after scaling (Gemma 2); ``None``, 0
+  and ``inf`` mean no cap, NaN or a negative value is an error;
+- ``return_lse``: also return the fp32 log-sum-exp of each query row, ``-inf`` where no key is seen;
+- ``check_inputs`` (functions that take index tables): see "Table contents" below.
 
 K/V may have fewer heads than Q (GQA/MQA): query head ``h`` reads KV head ``h // (H // H_kv)``.
-Rows that see no key return zeros.
+Rows that see no key return zeros. A NaN in q or k gives NaN in the rows that see it (out and lse),
+as in torch, and never reaches other rows or sequences.
+
+Table contents (``cu_seqlens_*`` and ``max_seqlen_*``, ``cache_seqlens``, ``page_table`` and
+``seqlens_k``): ``cu_seqlens`` start at 0, never decrease and end within the rows of q/k (rows past
+the end are padding: zeros out, ``-inf`` lse); lengths lie in ``[0, capacity]``; every page a
+sequence reads lies in ``[0, num_pages)``. Tables on the CPU are always checked. CUDA tables are
+checked in eager mode by one combined check per call that costs one device-to-host sync; pass
+``check_inputs=False`` to skip it when the caller built the tables itself (a decode loop). They are
+never checked while ``torch.compile`` traces or a CUDA graph is captured. Unchecked, an invalid table
+gives wrong numbers but never an out-of-bounds access: the kernels clamp every table read (page ids
+and lengths) to the tensors passed.
 """
 
 from __future__ import annotations
@@ -28,7 +42,7 @@ from . import fallback
 from .errors import KernelUnsupported
 from .kernels import kernels_unavailable_reason
 from .reference.masks import normalize_window
-from .validate import check_cu_seqlens, check_qkv, check_softcap_window
+from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_varlen
 
 _warned: set[str] = set()
 
@@ -69,7 +83,7 @@ def flash_attn_func(
     the backward bit-reproducible).
     """
     check_qkv(q, k, v, packed=False)
-    check_softcap_window(softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -112,19 +126,16 @@ def flash_attn_varlen_func(
     softcap=None,
     return_lse=False,
     deterministic=False,
+    check_inputs=True,
 ):
     """Packed sequences (no padding): q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``; sequence ``i`` is
-    rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``). ``max_seqlen_*`` are ints.
-    Returns ``out (T_q, H, D)`` and, with ``return_lse``, ``lse (H, T_q)`` fp32."""
+    rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
+    are padding. ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D)``
+    and, with ``return_lse``, ``lse (H, T_q)`` fp32. ``check_inputs=False`` skips the check of the
+    tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
-    check_softcap_window(softcap, window)
-    check_cu_seqlens(cu_seqlens_q, q.shape[0], "cu_seqlens_q", q.device)
-    check_cu_seqlens(cu_seqlens_k, k.shape[0], "cu_seqlens_k", q.device)
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
-            f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}"
-        )
+    softcap = check_scalars(softmax_scale, softcap, window)
+    check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -147,20 +158,22 @@ def flash_attn_varlen_func(
 
 def flash_attn_with_kvcache(
     q, k_cache, v_cache, cache_seqlens=None, *, causal=True, softmax_scale=None, window=None, softcap=None,
-    return_lse=False,
+    return_lse=False, check_inputs=True,
 ):  # fmt: skip
     """Decode over a contiguous cache (inference only).
 
     q ``(B, S_q, H, D)`` (the newest ``S_q`` tokens, usually 1), k_cache/v_cache
     ``(B, S_cache, H_kv, D)`` (strided views such as a transposed transformers cache are fine),
-    ``cache_seqlens`` int32 ``(B,)`` valid tokens per row (None: all ``S_cache``). Runs the split-KV
-    decode kernel. Returns ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``].
+    ``cache_seqlens`` int32 ``(B,)`` valid tokens per row, each in ``[0, S_cache]`` (None: all
+    ``S_cache``). Runs the split-KV decode kernel. Returns ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``].
+    ``check_inputs=False`` skips the check of ``cache_seqlens``' values on CUDA (module docstring).
     """
     check_qkv(q, k_cache, v_cache, packed=False)
-    check_softcap_window(softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window)
+    check_kvcache(q, k_cache, cache_seqlens, check_inputs)
+    if q.shape[0] == 0:
+        return fallback.empty_batch(q, return_lse)
     if cache_seqlens is not None:
-        if cache_seqlens.shape != (q.shape[0],):
-            raise ValueError(f"cache_seqlens must be ({q.shape[0]},), got {tuple(cache_seqlens.shape)}")
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
@@ -179,28 +192,22 @@ def flash_attn_with_kvcache(
 
 def flash_attn_paged_decode(
     q, k_pages, v_pages, page_table, seqlens_k, *, causal=True, softmax_scale=None, window=None, softcap=None,
-    return_lse=False,
+    return_lse=False, check_inputs=True,
 ):  # fmt: skip
     """Decode over a paged KV pool (block-table form).
 
     q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)``; ``page_table`` int32
     ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``. Page size may be any positive int (1 makes it
-    a per-token slot table). Returns ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``]. For a managed
-    pool (allocation, appends, freeing) see :class:`hf_flashpatch.paged.PagedKVCache`.
+    a per-token slot table). Row ``b`` reads pages ``page_table[b, :ceil(seqlens_k[b] / page_size)]``,
+    each in ``[0, num_pages)``; ``seqlens_k[b]`` lies in ``[0, max_pages * page_size]``.
+    ``check_inputs=False`` skips the check of those values on CUDA (module docstring). Returns
+    ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``]. For a managed pool (allocation, appends, freeing)
+    see :class:`hf_flashpatch.paged.PagedKVCache`.
     """
-    if k_pages.dim() != 4 or k_pages.shape != v_pages.shape:
-        raise ValueError(
-            f"k_pages/v_pages must be (num_pages, page_size, H_kv, D) and equal, got "
-            f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}"
-        )
-    one_page = (q.shape[0], -1, -1, -1)  # page 0 viewed as (B, page_size, H_kv, D) for the shared checks
-    check_qkv(q, k_pages[None, 0].expand(one_page), v_pages[None, 0].expand(one_page), packed=False)
-    check_softcap_window(softcap, window)
-    batch = q.shape[0]
-    if page_table.dim() != 2 or page_table.shape[0] != batch:
-        raise ValueError(f"page_table must be ({batch}, max_pages), got {tuple(page_table.shape)}")
-    if seqlens_k.shape != (batch,):
-        raise ValueError(f"seqlens_k must be ({batch},), got {tuple(seqlens_k.shape)}")
+    check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
+    softcap = check_scalars(softmax_scale, softcap, window)
+    if q.shape[0] == 0:
+        return fallback.empty_batch(q, return_lse)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -216,3 +223,179 @@ def flash_attn_paged_decode(
             q, k_pages, v_pages, page_table, seqlens_k, causal=causal, window=window, return_lse=return_lse, **common
         )
     return res if return_lse else res[0]
+
+
+# ------------------------------------------------------------------------------ compile-safe forms
+# The transformers backend calls these inside ``torch.compile``d models: no host-side decisions, one
+# custom op per call, and the op itself chooses the kernel or its exact torch path at run time (on CPU,
+# and on CUDA calls a kernel declines, warning once). Same layouts as the functions above; the window
+# arrives folded (``left``/``right``, -1 unbounded, causal as ``right = 0``), inputs are trusted.
+
+
+def attention_op(q, k, v, *, causal, softmax_scale, softcap, window_left, window_right, cu_seqlens_q=None,
+                 cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=False):  # fmt: skip
+    """The differentiable forward op: ``(out, lse)`` as :func:`flash_attn_func` / :func:`flash_attn_varlen_func`."""
+    from .kernels import forward
+
+    return forward.attention_forward(
+        q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale, window_left=window_left,
+        window_right=window_right, softcap=softcap, deterministic=deterministic, torch_fallback=True,
+    )  # fmt: skip
+
+
+def decode_op(q, k_cache, v_cache, cache_seqlens, key_starts, *, softmax_scale, softcap, window_left, window_right):
+    """The decode op over a contiguous cache: ``(out, lse)``; row ``b`` sees keys
+    ``[key_starts[b], cache_seqlens[b])`` (None: 0 and ``S_cache``), its queries the last of them."""
+    from .kernels import decode
+
+    return decode.decode_forward(
+        q, k_cache, v_cache, cache_seqlens, causal=False, softmax_scale=softmax_scale, window_left=window_left,
+        window_right=window_right, softcap=softcap, key_starts=key_starts, torch_fallback=True,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ KV pools (continuous batching)
+# A pool holds one layer's K (or V) rows, ``(num_slots, H_kv, D)``; a block-table pool
+# ``(num_pages, page_size, H_kv, D)`` is the same pool flattened, slot = page * page_size + offset.
+# transformers' continuous batching keeps such pools and hands the backend each token's slot.
+
+
+def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None:
+    """Write new tokens' K/V rows into their slots of a pool, in place: ``k_pool[slots[t]] = k_new[t]`` (and V).
+
+    ``k_new``/``v_new`` ``(T, H_kv, D)``; pools ``(num_slots, H_kv, D)`` of the same dtype (views into a
+    larger cache are written where they are); ``slots`` int ``(T,)``. A negative slot skips its row
+    (padding). Two rows with one slot leave one of them, unspecified which. ``check_inputs=False`` skips
+    the check that every slot is below ``num_slots`` on CUDA (module docstring); unchecked, such rows
+    are skipped. Without that check no path syncs with the host (CUDA-graph capturable), the torch
+    fallback included.
+    """
+    _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs)
+    if k_new.shape[0] == 0:
+        return
+
+    def run():
+        from .kernels import decode
+
+        decode.kv_append(k_new, v_new, k_pool, v_pool, slots)
+        return True  # the kernel returns nothing; None would read as "take the fallback"
+
+    if _kernel_call(k_new, run) is None:
+        _kv_append_torch(k_new, v_new, k_pool, v_pool, slots)
+
+
+def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
+    from .validate import check_int_vector, content_checks_enabled
+
+    named = (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (rows, kv_heads, head_dim), got shape {tuple(t.shape)}")
+    if k_new.shape != v_new.shape or k_pool.shape != v_pool.shape or k_new.shape[1:] != k_pool.shape[1:]:
+        raise ValueError(
+            f"k_new/v_new must be (T, H_kv, D) and k_pool/v_pool (num_slots, H_kv, D) with the same H_kv, D, got "
+            f"{tuple(k_new.shape)}, {tuple(v_new.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
+        )
+    if len({t.dtype for _, t in named}) != 1:
+        raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, got {[str(t.dtype) for _, t in named]}")
+    check_int_vector(slots, "slots", k_new.shape[0])
+    if len({t.device for _, t in named} | {slots.device}) != 1:
+        raise ValueError(f"k_new, v_new, k_pool, v_pool, slots must be on one device, got "
+                         f"{[str(t.device) for _, t in named]} and {slots.device}")  # fmt: skip
+    if content_checks_enabled(check_inputs, slots):
+        values = slots.tolist()  # the call's one sync on CUDA
+        bad = next((t for t, s in enumerate(values) if s >= k_pool.shape[0]), None)
+        if bad is not None:
+            raise ValueError(
+                f"slots[{bad}] = {values[bad]} is not a slot of this pool (valid: 0..{k_pool.shape[0] - 1}, "
+                "negative = skip)"
+            )
+
+
+def _kv_append_torch(k_new, v_new, k_pool, v_pool, slots) -> None:
+    """kv_append in torch, without a host sync (a boolean mask would need one): the rows to skip re-write
+    the first kept row (or, when no row is kept, slot 0's current contents), so one ``index_put_`` per
+    pool writes exactly the kept rows."""
+    if k_pool.shape[0] == 0:
+        return
+    slots = slots.long()
+    keep = (slots >= 0) & (slots < k_pool.shape[0])  # (T,)
+    anchor = keep.int().argmax()  # () first kept row, 0 when none
+    anchor_slot = torch.where(keep[anchor], slots[anchor], 0)  # ()
+    index = torch.where(keep, slots, anchor_slot)  # (T,)
+    for new, pool in ((k_new, k_pool), (v_new, v_pool)):
+        anchor_row = torch.where(keep[anchor], new[anchor], pool[anchor_slot])  # (H_kv, D)
+        pool.index_put_((index,), torch.where(keep[:, None, None], new, anchor_row))  # (T, H_kv, D) rows
+
+
+def flash_attn_slot_varlen_func(
+    q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+    softmax_scale=None, window=None, softcap=None, return_lse=False, check_inputs=True,
+):  # fmt: skip
+    """Packed sequences whose keys live in a slot pool (inference only): q ``(T_q, H, D)`` and
+    ``cu_seqlens_*``/``max_seqlen_*`` as in :func:`flash_attn_varlen_func`; pools ``(num_slots, H_kv, D)``;
+    ``slots`` int ``(T_k,)``, the pool slot of every key, sequence after sequence (sequence ``i`` reads
+    ``slots[cu_seqlens_k[i]:cu_seqlens_k[i+1]]``, each in ``[0, num_slots)``).
+
+    Decode-like calls (few queries per sequence) read the pool in place with the slot decode kernel;
+    the others gather their keys and run the varlen forward. Returns ``out (T_q, H, D)`` [, ``lse (H, T_q)``].
+    ``check_inputs=False`` skips the checks of the tables' contents on CUDA (module docstring).
+    """
+    from .validate import check_varlen, content_checks_enabled
+
+    check_qkv(q, k_pool, v_pool, packed=True)
+    softcap = check_scalars(softmax_scale, softcap, window)
+    if k_pool.shape[0] == 0:
+        raise ValueError(f"k_pool/v_pool must hold at least one slot, got {tuple(k_pool.shape)}")
+    if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"slots must be a 1-D int32/int64 tensor, got {_describe(slots)}")
+    if slots.device != q.device:
+        raise ValueError(f"slots must be on {q.device}, got {slots.device}")
+    # The keys are the rows of slots: they stand in for k in the check of cu_seqlens_k.
+    check_varlen(q, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
+    if content_checks_enabled(check_inputs, slots):
+        used = slots[: int(cu_seqlens_k[-1])].tolist()
+        bad = next((t for t, s in enumerate(used) if not 0 <= s < k_pool.shape[0]), None)
+        if bad is not None:
+            raise ValueError(f"slots[{bad}] = {used[bad]} is not a slot of this pool (valid: 0..{k_pool.shape[0] - 1})")
+    common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
+    window_args = _window_args(window, causal)
+
+    def run():
+        from .kernels import decode, forward
+
+        try:
+            return decode.slot_varlen_forward(
+                q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), **window_args, **common
+            )
+        except KernelUnsupported:
+            pass  # a prefill-heavy call (or a head dim decode does not serve): the forward kernel instead
+        k, v = _gather_slots(k_pool, v_pool, slots)
+        return forward.attention_forward(
+            q, k, v, cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
+            max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), **window_args, **common,
+        )  # fmt: skip
+
+    res = _kernel_call(q, run)
+    if res is None:
+        k, v = _gather_slots(k_pool, v_pool, slots)
+        return fallback.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=return_lse, **common
+        )
+    return res if return_lse else res[0]
+
+
+def _gather_slots(k_pool, v_pool, slots):
+    """``(T_k, H_kv, D)`` K and V, contiguous; slots clamped into the pool (unchecked tables never read
+    outside it, as in the kernels)."""
+    index = slots.long().clamp(0, k_pool.shape[0] - 1)
+    return k_pool.index_select(0, index), v_pool.index_select(0, index)
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
+    return type(x).__name__

@@ -1,8 +1,13 @@
 """The torch path taken where the CUDA kernels cannot serve a call (CPU, fp32, old GPUs, no pycuda).
 
 Same layouts and semantics as the public API (see :mod:`hf_flashpatch.api`). It uses torch's
-``scaled_dot_product_attention`` where that computes exactly the same function (no softcap, no LSE
+``scaled_dot_product_attention`` where that computes the same function (no softcap, no LSE
 requested) and the tiled online-softmax reference otherwise; rows that see no key give 0.
+
+NaN: a NaN in q or k makes exactly the rows that see it NaN, on both paths. sdpa alone does not:
+its CPU kernels drop a NaN query row, and a mask tensor is added to the scores, so a NaN key reaches
+the rows the mask hides it from (``NaN + -inf`` is NaN). So sdpa gets q and k with NaN replaced by
+0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     mask = None
     if left >= 0 or right >= 0:
         mask = visibility_mask(seqlen_q, seqlen_k, left, right, device=q.device)  # (S_q, S_k)
+    q_nan, k_nan = q.isnan().any(dim=-1), k.isnan().any(dim=-1)  # (B, S_q, H), (B, S_k, H_kv)
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),  # (B, H, S_q, D)
-        k.transpose(1, 2),  # (B, H_kv, S_k, D)
+        q.masked_fill(q_nan[..., None], 0.0).transpose(1, 2),  # (B, H, S_q, D)
+        k.masked_fill(k_nan[..., None], 0.0).transpose(1, 2),  # (B, H_kv, S_k, D)
         v.transpose(1, 2),
         attn_mask=mask,
         scale=scale,
@@ -38,7 +44,20 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     ).transpose(1, 2)  # (B, S_q, H, D)
     if mask is not None and not bool(mask.any(dim=-1).all()):
         out = out.masked_fill(~mask.any(dim=-1)[None, :, None, None], 0.0)  # rows with no key: 0, not NaN
-    return out
+    return out.masked_fill(_nan_rows(q_nan, k_nan, mask)[..., None], float("nan"))
+
+
+def _nan_rows(q_nan, k_nan, mask):
+    """Bool ``(B, S_q, H)``: rows that see a key (``mask (S_q, S_k)``, None = all) and have a NaN query
+    (``q_nan (B, S_q, H)``) or see a NaN key (``k_nan (B, S_k, H_kv)``), as the reference computes."""
+    group = q_nan.shape[2] // k_nan.shape[2]
+    if mask is None:
+        sees_nan = k_nan.any(dim=1, keepdim=True)  # (B, 1, H_kv)
+        has_key = k_nan.shape[1] > 0
+    else:
+        sees_nan = torch.matmul(mask.to(torch.float32), k_nan.to(torch.float32)) > 0  # (B, S_q, H_kv)
+        has_key = mask.any(dim=-1)[None, :, None]  # (1, S_q, 1)
+    return (q_nan | sees_nan.repeat_interleave(group, dim=2)) & has_key
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse, **kwargs):
@@ -67,8 +86,18 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse, **kwarg
     return out, torch.cat(lses, dim=1)
 
 
+def empty_batch(q, return_lse):
+    """The result of a batched call with no rows: out ``(0, S_q, H, D)`` [, lse ``(0, H, S_q)``]."""
+    out = q.new_zeros(q.shape)
+    lse = torch.zeros(0, q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
+    return (out, lse) if return_lse else out
+
+
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kwargs):
-    """Per-row valid lengths: q ``(B, S_q, H, D)``, caches ``(B, S_cache, H_kv, D)``, seqlens ``(B,)``."""
+    """Per-row valid lengths: q ``(B, S_q, H, D)``, caches ``(B, S_cache, H_kv, D)``, seqlens ``(B,)``
+    (each in ``[0, S_cache]``: the API checks it, since a negative slice end would count from the end)."""
+    if q.shape[0] == 0:
+        return empty_batch(q, return_lse)
     if cache_seqlens is None:
         return attention(q, k_cache, v_cache, return_lse=return_lse, **kwargs)
     outs, lses = [], []
@@ -83,6 +112,8 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kwarg
 
 def paged_attention(q, k_pages, v_pages, page_table, seqlens_k, *, return_lse, **kwargs):
     """Block-table form (see :mod:`hf_flashpatch.reference.paged`)."""
+    if q.shape[0] == 0:
+        return empty_batch(q, return_lse)
     outs, lses = [], []
     for b, length in enumerate(seqlens_k.tolist()):
         k = gather_pages(k_pages, page_table[b], length)[None]  # (1, S_k, H_kv, D)

@@ -15,9 +15,11 @@ A decode step::
     cache.free(seq_id)                                   # pages back to the pool
 
 ``allocate`` reserves the pages for the new tokens and advances each sequence's length once for all
-layers; ``append`` writes the last ``S_new`` tokens of each sequence in one layer (the kv_append
-CUDA kernel on GPU, ``index_copy_`` on CPU); ``decode`` calls
-:func:`hf_flashpatch.flash_attn_paged_decode`. When the pool is short, ``allocate`` raises
+layers; ``append`` writes exactly the tokens allocated since the layer's last append (the last
+``S_new`` of each sequence; anything else is an error, never a silent overwrite) with the kv_append
+CUDA kernel on GPU, ``index_copy_`` on CPU; ``decode`` calls
+:func:`hf_flashpatch.flash_attn_paged_decode` (the cache built the tables, so their contents are not
+re-checked). When the pool is short, ``allocate`` raises
 :class:`~hf_flashpatch.errors.PagePoolExhausted` before touching anything.
 """
 
@@ -28,34 +30,33 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from .errors import KernelUnsupported, PagePoolExhausted
+from .validate import SUPPORTED_DTYPES, check_head_dim, check_page_table_contents
 
 
 def check_page_table(page_table: torch.Tensor, num_pages: int, seqlens: torch.Tensor, page_size: int) -> None:
-    """ValueError naming the first page index (among the pages each sequence uses) outside ``[0, num_pages)``.
+    """ValueError naming the first negative or too long length, or the first page index (among the
+    pages each sequence uses) outside ``[0, num_pages)``.
 
-    ``page_table`` int ``(B, max_pages)``, ``seqlens`` int ``(B,)``. Reads the tables on the host
-    (a device sync on GPU): a debugging aid, not for the decode loop.
+    ``page_table`` int ``(B, max_pages)``, ``seqlens`` int ``(B,)``. The check
+    :func:`hf_flashpatch.flash_attn_paged_decode` runs (one device sync on GPU).
     """
     if page_table.dim() != 2 or seqlens.shape != (page_table.shape[0],):
         raise ValueError(
             f"page_table must be (B, max_pages) and seqlens (B,), got {tuple(page_table.shape)} and "
             f"{tuple(seqlens.shape)}"
         )
-    table, lengths = page_table.cpu(), seqlens.cpu()
-    for b in range(table.shape[0]):
-        used = -(-int(lengths[b]) // page_size)
-        if used > table.shape[1]:
-            raise ValueError(
-                f"sequence {b} has {int(lengths[b])} tokens = {used} pages of {page_size}, but page_table has only "
-                f"{table.shape[1]} columns"
-            )
-        row = table[b, :used]
-        bad = ((row < 0) | (row >= num_pages)).nonzero()
-        if bad.numel():
-            col = int(bad[0, 0])
-            raise ValueError(
-                f"page_table[{b}, {col}] = {int(row[col])} is not a page of this pool (valid: 0..{num_pages - 1})"
-            )
+    check_page_table_contents(page_table, seqlens, num_pages, page_size, seqlens_name="seqlens")
+
+
+def _kernel_append(k_rows, v_rows, k_pool, v_pool, index) -> bool:
+    """The kv_append CUDA kernel; False where it declines (fp32 pool, no pycuda/nvcc): write in torch."""
+    try:
+        from .kernels import decode
+
+        decode.kv_append(k_rows, v_rows, k_pool, v_pool, index)
+        return True
+    except (KernelUnsupported, ImportError):
+        return False
 
 
 class PagedKVCache:
@@ -73,8 +74,11 @@ class PagedKVCache:
     ):
         for name, value in (("num_pages", num_pages), ("page_size", page_size), ("kv_heads", kv_heads),
                             ("head_dim", head_dim), ("num_layers", num_layers)):  # fmt: skip
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_head_dim(head_dim)  # what decode accepts, so a cache that cannot decode fails here, not later
+        if dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
         self.num_pages, self.page_size = num_pages, page_size
         self.kv_heads, self.head_dim, self.num_layers = kv_heads, head_dim, num_layers
         shape = (num_layers, num_pages, page_size, kv_heads, head_dim)
@@ -83,6 +87,8 @@ class PagedKVCache:
         self._free: list[int] = list(range(num_pages - 1, -1, -1))  # a stack: lowest page index popped first
         self._pages: dict[Hashable, list[int]] = {}
         self._lengths: dict[Hashable, int] = {}
+        # Per layer: tokens of each sequence written so far; append writes exactly the rest.
+        self._written: list[dict[Hashable, int]] = [{} for _ in range(num_layers)]
 
     # ------------------------------------------------------------------------------ bookkeeping
 
@@ -132,6 +138,8 @@ class PagedKVCache:
         self._known(seq_id)
         self._free.extend(reversed(self._pages.pop(seq_id)))
         del self._lengths[seq_id]
+        for written in self._written:
+            written.pop(seq_id, None)
 
     def page_table(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """int32 ``(B, max_pages)`` on the pool's device; unused entries are 0 (never read)."""
@@ -164,9 +172,14 @@ class PagedKVCache:
         """Write the newest ``S_new`` tokens of each sequence in ``layer``.
 
         ``k_new, v_new (B, S_new, H_kv, D)``: row ``b`` holds tokens ``len - S_new .. len - 1`` of
-        ``seq_ids[b]`` (call ``allocate(seq_ids, S_new)`` first).
+        ``seq_ids[b]`` (call ``allocate(seq_ids, S_new)`` first). ``S_new`` must be the number of
+        tokens allocated since this layer's last append to the sequence, and the ids distinct: a
+        missing ``allocate`` would otherwise overwrite the last tokens.
         """
         self._check_layer(layer)
+        seq_ids = list(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
         expected = (len(seq_ids), k_new.shape[1] if k_new.dim() == 4 else -1, self.kv_heads, self.head_dim)
         if k_new.dim() != 4 or tuple(k_new.shape) != expected or v_new.shape != k_new.shape:
             raise ValueError(
@@ -174,28 +187,30 @@ class PagedKVCache:
                 f"{tuple(k_new.shape)} and {tuple(v_new.shape)}"
             )
         new = k_new.shape[1]
+        written = self._written[layer]
         slots: list[int] = []
         for seq_id in seq_ids:
             length = self.seq_len(seq_id)
-            if length < new:
-                raise ValueError(f"sequence {seq_id!r} has {length} tokens, fewer than the {new} being written")
+            pending = length - written.get(seq_id, 0)
+            if pending != new:
+                raise ValueError(
+                    f"sequence {seq_id!r} has {pending} token(s) allocated and not yet written in layer {layer}, "
+                    f"but append got S_new = {new} (k_new {tuple(k_new.shape)}); call allocate(seq_ids, S_new) "
+                    f"once before the appends of each step"
+                )
             slots += self.slots(seq_id, length - new, length)
+        if not slots:
+            return  # no sequences or no tokens: nothing to write
         device = self.k_pages.device
         index = torch.tensor(slots, dtype=torch.int64, device=device)  # (B * S_new,)
         flat = (self.num_pages * self.page_size, self.kv_heads, self.head_dim)
         k_pool, v_pool = self.k_pages[layer].view(flat), self.v_pages[layer].view(flat)  # (slots, H_kv, D)
         k_rows = k_new.to(device=device, dtype=k_pool.dtype).reshape(-1, self.kv_heads, self.head_dim)  # (B*S_new, H_kv, D)
         v_rows = v_new.to(device=device, dtype=v_pool.dtype).reshape(-1, self.kv_heads, self.head_dim)
-        if device.type == "cuda":
-            try:
-                from .kernels import decode
-
-                decode.kv_append(k_rows, v_rows, k_pool, v_pool, index)
-                return
-            except (KernelUnsupported, ImportError):
-                pass  # fp32 pool, no pycuda/nvcc: the torch write below does the same
-        k_pool.index_copy_(0, index, k_rows)
-        v_pool.index_copy_(0, index, v_rows)
+        if not (device.type == "cuda" and _kernel_append(k_rows, v_rows, k_pool, v_pool, index)):
+            k_pool.index_copy_(0, index, k_rows)
+            v_pool.index_copy_(0, index, v_rows)
+        written.update((seq_id, self._lengths[seq_id]) for seq_id in seq_ids)
 
     def decode(self, q: torch.Tensor, seq_ids: Sequence[Hashable], layer: int = 0, **kwargs):
         """Attention of ``q (B, S_q, H, D)`` (the last ``S_q`` tokens of each sequence) over the cache
@@ -205,6 +220,7 @@ class PagedKVCache:
         self._check_layer(layer)
         if q.shape[0] != len(seq_ids):
             raise ValueError(f"q must have one row per sequence ({len(seq_ids)}), got {tuple(q.shape)}")
+        kwargs.setdefault("check_inputs", False)  # the tables come from this cache's own bookkeeping
         return flash_attn_paged_decode(
             q, self.k_pages[layer], self.v_pages[layer], self.page_table(seq_ids), self.seqlens(seq_ids), **kwargs
         )

@@ -1,11 +1,28 @@
-"""Input checks for the public API. Every error names what was received."""
+"""Input checks for the public API. Every error names the argument and what was received.
+
+Two kinds of check:
+
+- **structure** (shapes, dtypes, devices, scalar arguments): always; they cost nothing.
+- **contents** of index tables (``cu_seqlens``, page tables, per-sequence lengths), which need the
+  tensors' values. They run always for CPU tables, and for CUDA tables in eager mode unless the
+  caller passes ``check_inputs=False``, as one combined check per call that costs one
+  device-to-host copy (one sync). They never run while ``torch.compile`` traces or while a CUDA
+  graph is being captured: the values are not known there. Unchecked tables cannot make a kernel
+  read or write outside the tensors passed (the kernels clamp every table read), but invalid ones
+  give wrong numbers.
+"""
 
 from __future__ import annotations
+
+import math
+import numbers
+import operator
 
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
+_SHOWN = 16  # table values quoted in an error message
 
 
 def _fail(message: str):
@@ -35,14 +52,67 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim:
         _fail(f"q and k must have the same head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
-    if head_dim == 0 or head_dim > MAX_HEAD_DIM:
-        _fail(f"head_dim must be in 1..{MAX_HEAD_DIM}, got {head_dim} (q shape {tuple(q.shape)})")
+    check_head_dim(head_dim, f" (q shape {tuple(q.shape)})")
     heads, kv_heads = q.shape[-2], k.shape[-2]
     if kv_heads == 0 or heads % kv_heads != 0:
         _fail(f"k/v heads must divide q heads (GQA/MQA), got {heads} q heads and {kv_heads} kv heads")
 
 
-def check_cu_seqlens(cu: torch.Tensor, total: int, name: str, device: torch.device) -> None:
+def check_head_dim(head_dim: int, where: str = "") -> None:
+    if head_dim == 0 or head_dim > MAX_HEAD_DIM:
+        _fail(f"head_dim must be in 1..{MAX_HEAD_DIM}, got {head_dim}{where}")
+
+
+# ------------------------------------------------------------------------------------ scalar arguments
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_scalars(softmax_scale, softcap, window) -> float | None:
+    """Check ``softmax_scale``, ``softcap`` and ``window``; return the softcap to apply (None = no cap).
+
+    ``softcap`` 0, None and +inf all mean no cap (``inf * tanh(s / inf)`` is ``s``); NaN, negative or
+    non-numbers are errors, as are a NaN/infinite ``softmax_scale`` (0.0 is a valid scale: all
+    scores 0) and window sides that are not ints (a float would be truncated silently).
+    """
+    if softmax_scale is not None:
+        if not _is_real(softmax_scale):
+            got = f"{type(softmax_scale).__name__} {softmax_scale!r}"
+            raise TypeError(f"softmax_scale must be a float or None, got {got}")
+        if not math.isfinite(softmax_scale):
+            _fail(f"softmax_scale must be finite (None = 1/sqrt(head_dim)), got {softmax_scale}")
+    if softcap is not None:
+        if not _is_real(softcap):
+            raise TypeError(f"softcap must be a float or None, got {type(softcap).__name__} {softcap!r}")
+        if math.isnan(softcap) or softcap < 0:
+            _fail(f"softcap must be >= 0 (0, None or inf = no cap), got {softcap}")
+    if window is not None:
+        if not (isinstance(window, (tuple, list)) and len(window) == 2):
+            _fail(f"window must be a (left, right) pair (None or -1 = unbounded), got {window!r}")
+        for side, value in zip(("left", "right"), window):
+            if value is None:
+                continue
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                operator.index(value)
+            except TypeError:
+                raise TypeError(
+                    f"window {side} must be an int or None (-1/None = unbounded), got {type(value).__name__} "
+                    f"{value!r} in window={window!r}"
+                ) from None
+    return softcap if softcap and math.isfinite(softcap) else None
+
+
+# ------------------------------------------------------------------------------------ table structure
+
+
+def check_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> None:
+    """Structure of a ``(num_seqs + 1,)`` int table; its contents are :func:`check_varlen_contents`'s."""
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
     if cu.dim() != 1 or cu.numel() < 2:
         _fail(f"{name} must be 1-D (num_seqs + 1,), got shape {tuple(cu.shape)}")
     if cu.dtype not in (torch.int32, torch.int64):
@@ -51,8 +121,157 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, name: str, device: torch.devi
         _fail(f"{name} must be on {device}, got {cu.device}")
 
 
-def check_softcap_window(softcap, window) -> None:
-    if softcap is not None and softcap < 0:
-        _fail(f"softcap must be > 0 or None, got {softcap}")
-    if window is not None and not (isinstance(window, (tuple, list)) and len(window) == 2):
-        _fail(f"window must be a (left, right) pair (None or -1 = unbounded), got {window!r}")
+def check_int_vector(t, name: str, length: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.shape != (length,):
+        _fail(f"{name} must be ({length},), got {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+
+
+# ------------------------------------------------------------------------------------ table contents
+
+
+def content_checks_enabled(check_inputs: bool, *tables: torch.Tensor) -> bool:
+    """Whether the contents of ``tables`` are checked now (see the module docstring)."""
+    if torch.compiler.is_compiling():
+        return False
+    if not any(t.is_cuda for t in tables):
+        return True  # host values: reading them costs no sync
+    return bool(check_inputs) and not torch.cuda.is_current_stream_capturing()
+
+
+def _to_host(*tensors: torch.Tensor) -> list[list[int]]:
+    """The values of small int tensors as lists, with one device-to-host copy for all of them."""
+    device = next((t.device for t in tensors if t.is_cuda), torch.device("cpu"))
+    flat = [t.reshape(-1).to(device=device, dtype=torch.int64) for t in tensors]
+    joined = torch.cat(flat).tolist()  # the call's one sync on CUDA
+    out, start = [], 0
+    for f in flat:
+        out.append(joined[start : start + f.numel()])
+        start += f.numel()
+    return out
+
+
+def _quote(values: list[int]) -> str:
+    if len(values) <= _SHOWN:
+        return str(values)
+    return f"[{', '.join(map(str, values[:_SHOWN]))}, ...] ({len(values)} values)"
+
+
+def _check_cu_values(cu: list[int], name: str, total: int, rows: str) -> None:
+    if cu[0] != 0:
+        _fail(f"{name} must start at 0, got {name}[0] = {cu[0]} (values {_quote(cu)})")
+    for i in range(1, len(cu)):
+        if cu[i] < cu[i - 1]:
+            _fail(f"{name} must be non-decreasing, got {name}[{i}] = {cu[i]} after {name}[{i - 1}] = {cu[i - 1]} "
+                  f"(values {_quote(cu)})")  # fmt: skip
+    if cu[-1] > total:
+        _fail(f"{name} ends at {cu[-1]} but {rows} has only {total} rows (values {_quote(cu)})")
+
+
+def check_varlen_contents(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k) -> None:
+    """``cu_seqlens_*`` start at 0, never decrease and end within q/k's rows (rows past the end are
+    padding that belongs to no sequence), and ``max_seqlen_*`` bound every sequence (the kernels
+    size their grids by them)."""
+    cq, ck = _to_host(cu_seqlens_q, cu_seqlens_k)
+    for cu, name, total, rows, longest, max_name in (
+        (cq, "cu_seqlens_q", total_q, "q", max_seqlen_q, "max_seqlen_q"),
+        (ck, "cu_seqlens_k", total_k, "k", max_seqlen_k, "max_seqlen_k"),
+    ):
+        _check_cu_values(cu, name, total, rows)
+        lengths = [b - a for a, b in zip(cu, cu[1:])]
+        seq = max(range(len(lengths)), key=lengths.__getitem__)
+        if lengths[seq] > int(longest):
+            _fail(f"{max_name} = {int(longest)} is less than sequence {seq}'s {lengths[seq]} rows "
+                  f"({name} {_quote(cu)}); the kernels would leave rows past {max_name} unwritten")  # fmt: skip
+
+
+def check_cache_seqlens_contents(cache_seqlens: torch.Tensor, cache_len: int) -> None:
+    """Every ``cache_seqlens[b]`` in ``[0, S_cache]``."""
+    (lengths,) = _to_host(cache_seqlens)
+    for b, n in enumerate(lengths):
+        if not 0 <= n <= cache_len:
+            _fail(f"cache_seqlens[{b}] = {n} is outside [0, {cache_len}] (the cache holds {cache_len} tokens per row)")
+
+
+def check_page_table_contents(page_table: torch.Tensor, seqlens: torch.Tensor, num_pages: int, page_size: int,
+                              seqlens_name: str = "seqlens_k") -> None:  # fmt: skip
+    """Every length in ``[0, max_pages * page_size]`` and every page a sequence reads (the first
+    ``ceil(len / page_size)`` of its row) in ``[0, num_pages)``; entries past them are never read."""
+    rows, max_pages = page_table.shape
+    table = page_table.to(torch.int64)
+    lens = seqlens.to(device=table.device, dtype=torch.int64)
+    used = (lens.clamp(0, max_pages * page_size) + page_size - 1) // page_size  # (B,) pages each row reads
+    cols = torch.arange(max_pages, device=table.device)  # (max_pages,)
+    bad = (cols < used[:, None]) & ((table < 0) | (table >= num_pages))  # (B, max_pages)
+    if max_pages:
+        first_bad = torch.where(bad, cols, max_pages).amin(dim=1)  # (B,) first bad column, max_pages: none
+    else:
+        first_bad = torch.zeros_like(used)  # no columns: any length > 0 fails below
+    lengths, first = _to_host(lens, first_bad)
+    for b in range(rows):
+        if lengths[b] < 0:
+            _fail(f"{seqlens_name}[{b}] = {lengths[b]} is negative")
+        if lengths[b] > max_pages * page_size:
+            need = -(-lengths[b] // page_size)
+            _fail(f"sequence {b} has {lengths[b]} tokens = {need} pages of {page_size}, but page_table has only "
+                  f"{max_pages} columns ({seqlens_name}[{b}] = {lengths[b]})")  # fmt: skip
+        if first[b] < max_pages:
+            col = first[b]
+            _fail(f"page_table[{b}, {col}] = {int(page_table[b, col])} is not a page of this pool "
+                  f"(valid: 0..{num_pages - 1})")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ per public function
+
+
+def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs: bool) -> None:
+    """flash_attn_varlen_func's tables: structure always, contents as the module docstring says."""
+    check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.device)
+    check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", q.device)
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        _fail(f"cu_seqlens_q and cu_seqlens_k must describe the same number of sequences, got "
+              f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")  # fmt: skip
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        try:
+            if isinstance(value, bool) or operator.index(value) < 0:
+                raise TypeError
+        except TypeError:
+            raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}") from None
+    if content_checks_enabled(check_inputs, cu_seqlens_q, cu_seqlens_k):
+        check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+
+
+def check_kvcache(q, k_cache, cache_seqlens, check_inputs: bool) -> None:
+    """flash_attn_with_kvcache's ``cache_seqlens`` (None: every row holds ``S_cache`` tokens)."""
+    if cache_seqlens is None:
+        return
+    check_int_vector(cache_seqlens, "cache_seqlens", q.shape[0])
+    if content_checks_enabled(check_inputs, cache_seqlens):
+        check_cache_seqlens_contents(cache_seqlens, k_cache.shape[1])
+
+
+def check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs: bool) -> None:
+    """flash_attn_paged_decode's pools and tables (q/k/v as :func:`check_qkv` sees them)."""
+    for name, t in (("k_pages", k_pages), ("v_pages", v_pages), ("q", q)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if k_pages.dim() != 4 or k_pages.shape != v_pages.shape:
+        _fail(f"k_pages/v_pages must be (num_pages, page_size, H_kv, D) and equal, got {tuple(k_pages.shape)} "
+              f"and {tuple(v_pages.shape)}")  # fmt: skip
+    if k_pages.shape[0] == 0 or k_pages.shape[1] == 0:
+        _fail(f"k_pages/v_pages must hold at least one page of at least one token, got {tuple(k_pages.shape)}")
+    one_page = (q.shape[0] if q.dim() == 4 else 1, -1, -1, -1)  # page 0 as (B, page_size, H_kv, D)
+    check_qkv(q, k_pages[None, 0].expand(one_page), v_pages[None, 0].expand(one_page), packed=False)
+    batch = q.shape[0]
+    if not isinstance(page_table, torch.Tensor):
+        raise TypeError(f"page_table must be a torch.Tensor, got {type(page_table).__name__}")
+    if page_table.dim() != 2 or page_table.shape[0] != batch:
+        _fail(f"page_table must be ({batch}, max_pages), got {tuple(page_table.shape)}")
+    if page_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"page_table must be int32 or int64, got {page_table.dtype}")
+    check_int_vector(seqlens_k, "seqlens_k", batch)
+    if content_checks_enabled(check_inputs, page_table, seqlens_k):
+        check_page_table_contents(page_table, seqlens_k, k_pages.shape[0], k_pages.shape[1])

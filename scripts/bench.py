@@ -1,8 +1,9 @@
 """One benchmark run over every kernel against the peers measured in the same run.
 
-    python scripts/bench.py [--quick] [--only forward,backward,decode] [--out DIR]
+    python scripts/bench.py [--quick] [--only forward,backward,decode,compile] [--out DIR]
 
-Each part (``scripts/bench_forward.py``, ``bench_backward.py``, ``bench_decode.py``) appends result
+Each part (``scripts/bench_forward.py``, ``bench_backward.py``, ``bench_decode.py``, ``bench_compile.py``:
+a patched model under ``torch.compile``) appends result
 rows (dicts) to one list; this script adds the run's metadata (date, commit, GPU, versions), writes
 ``bench.json`` and ``bench.png`` to ``--out`` and prints one table per part, ratios included.
 """
@@ -23,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-PARTS = ("forward", "backward", "decode")
+PARTS = ("forward", "backward", "decode", "compile")
 
 
 def run_metadata() -> dict:

@@ -11,8 +11,11 @@ least 3 interleaved passes, and the median is reported (with the spread). The HB
 of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
 
 End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped model (8 layers,
-hidden 2048, 32/8 heads) with ``paged|hfpatch`` vs ``paged|sdpa`` (skipped when the transformers
-version has no ``generate_batch`` or no ``paged|`` functions).
+hidden 2048, 32/8 heads). transformers < 5.23: ``paged|hfpatch`` vs ``paged|sdpa``. transformers >= 5.23:
+``hfpatch`` (decode steps on the block-table path: kv_append + paged decode kernels) vs ``sdpa``, plus
+``hfpatch`` with the block-table path turned off (``max_blocks_per_request=0``: every step gathers the
+cache and runs varlen), so the fast path's gain is measured in the same run. Each contender first runs
+a short warm-up batch (kernel builds), then the timed one. Skipped when the model has no ``generate_batch``.
 
 Sweep part (``--sweep``): every kernel variant of ``hf_flashpatch.kernels.decode.VARIANTS`` (selected
 through ``HF_FLASHPATCH_DECODE_VARIANT``; ``--variants`` picks some), contiguous and paged 16 / 256, at the
@@ -295,36 +298,52 @@ def _random_llama():
         return LlamaForCausalLM(config).to(torch.bfloat16).eval()
 
 
+def _generate_contenders(newest: bool) -> list[tuple[str, str, dict]]:
+    """(row label, attention name, ContinuousBatchingConfig overrides) per contender."""
+    import hf_flashpatch
+
+    ours = hf_flashpatch.ATTN_NAME
+    if not newest:  # continuous batching calls paged|<name>
+        return [("paged|sdpa", "paged|sdpa", {}), (f"paged|{ours}", f"paged|{ours}", {})]
+    keep = dict(auto_switch_to_flash=False)  # "sdpa" stays sdpa where flash-attn is installed
+    return [
+        ("sdpa", "sdpa", keep),
+        (f"{ours} block table", ours, keep),
+        (f"{ours} gathered", ours, dict(keep, max_blocks_per_request=0)),
+    ]
+
+
 def generate_rows(results: list, quick: bool) -> None:
     import transformers
     from packaging.version import Version
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    import hf_flashpatch
-
-    if Version(transformers.__version__) >= Version("5.23"):
-        print(f"generate_batch part skipped: transformers {transformers.__version__} has no paged| functions")
-        return
     model = _random_llama()
     if not hasattr(model, "generate_batch"):
         print("generate_batch part skipped: no generate_batch")
         return
+    newest = Version(transformers.__version__) >= Version("5.23")
     num_prompts, prompt_len, new_tokens = (32, 128, 64) if quick else (128, 256, 256)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 32000, (prompt_len,), generator=generator).tolist() for _ in range(num_prompts)]
     config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    for attn in ("paged|sdpa", f"paged|{hf_flashpatch.ATTN_NAME}"):
+    warmup = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    for label, attn, overrides in _generate_contenders(newest):
         model.set_attn_implementation(attn)
+        batching = ContinuousBatchingConfig(**overrides)
         # No inference_mode here: the batching thread updates tensors the manager creates.
+        model.generate_batch(inputs=prompts[:4], generation_config=warmup, continuous_batching_config=batching)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        out = model.generate_batch(inputs=prompts, generation_config=config)
+        out = model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=batching)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         tokens = sum(len(r.generated_tokens) for r in out.values())
         results.append({
-            "name": f"generate_batch {attn}", "series": attn, "panel": "generate_batch tokens/s",
+            "name": f"generate_batch {label}", "series": label, "panel": "generate_batch tokens/s",
             "x": f"{num_prompts}x({prompt_len}+{new_tokens})", "value": tokens / seconds, "unit": "tok/s",
+            "transformers": transformers.__version__,
         })  # fmt: skip
 
 

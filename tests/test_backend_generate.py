@@ -1,5 +1,12 @@
 """Generation through the backend on CPU: greedy ``generate`` with DynamicCache and StaticCache, and
-continuous batching (``generate_batch``, ``generate(cache_implementation="paged")``), against ``sdpa``."""
+continuous batching (``generate_batch``, ``generate(cache_implementation="paged")``), against ``sdpa``.
+
+Continuous batching has two routes (:mod:`hf_flashpatch.backend.paged`): the gathered one (transformers
+gathers each sequence's K/V, our varlen call runs on them) and the pool routes of
+:mod:`hf_flashpatch.backend.paged_kernel` (write the new K/V into the pool, attend through its slots
+(< 5.23) or block table (>= 5.23)). The pool routes serve where the kernels can run; here they are
+forced on and off through ``paged_kernel.kernels_unavailable_reason`` and run with the API's torch
+fallback, so the routing is checked on CPU."""
 
 import inspect
 
@@ -11,7 +18,9 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 import hf_flashpatch.api
 import hf_flashpatch.backend.paged as paged_module
+from hf_flashpatch.backend import paged_kernel
 from hf_flashpatch.backend.patch import _paged_prefix_supported
+from hf_flashpatch.reference import paged_decode_reference
 
 NEW_TOKENS = 8
 
@@ -26,7 +35,7 @@ def greedy(model, ids, mask, **kwargs):
 @pytest.fixture
 def api_calls(monkeypatch):
     """Counts calls into the public API made by the backend (the functions it reaches through ``api``)."""
-    counts = {"varlen": 0, "func": 0, "kvcache": 0, "paged_torch": 0}
+    counts = {"varlen": 0, "func": 0, "kvcache": 0, "paged_torch": 0, "kv_append": 0, "slot": 0, "block_table": 0}
 
     def spy(key, original):
         def wrapper(*args, **kwargs):
@@ -39,6 +48,9 @@ def api_calls(monkeypatch):
     monkeypatch.setattr(api, "flash_attn_varlen_func", spy("varlen", api.flash_attn_varlen_func))
     monkeypatch.setattr(api, "flash_attn_func", spy("func", api.flash_attn_func))
     monkeypatch.setattr(api, "flash_attn_with_kvcache", spy("kvcache", api.flash_attn_with_kvcache))
+    monkeypatch.setattr(api, "kv_append", spy("kv_append", api.kv_append))
+    monkeypatch.setattr(api, "flash_attn_slot_varlen_func", spy("slot", api.flash_attn_slot_varlen_func))
+    monkeypatch.setattr(api, "flash_attn_paged_decode", spy("block_table", api.flash_attn_paged_decode))
     monkeypatch.setattr(paged_module, "paged_attention_forward_torch",
                         spy("paged_torch", paged_module.paged_attention_forward_torch))  # fmt: skip
     return counts
@@ -80,33 +92,159 @@ def test_unpadded_decode_takes_the_kvcache_path(api_calls):
     assert api_calls["kvcache"] == layers * (NEW_TOKENS - 1)  # one new token per step over the cache
 
 
-def small_pool():
+def small_pool(**overrides):
     """A small page pool: by default it is sized from free memory, which takes long to allocate on a CPU."""
-    return ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64)
+    return ContinuousBatchingConfig(num_blocks=16, max_batch_tokens=64, **overrides)
+
+
+@pytest.fixture(params=["gathered", "pool"])
+def route(request, monkeypatch):
+    """Continuous batching with the pool routes forced off ("gathered") or on ("pool", through the API's
+    torch fallback on CPU), whatever this machine has."""
+    reason = None if request.param == "pool" else "turned off by the test"
+    monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda tensor: reason)
+    return request.param
 
 
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19], [20, 21]]
 
 
-def batch_generate(model):
+def batch_generate(model, **pool):
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
     results = model.generate_batch(
-        inputs=PROMPTS, generation_config=config, continuous_batching_config=small_pool(), progress_bar=False
+        inputs=PROMPTS, generation_config=config, continuous_batching_config=small_pool(**pool), progress_bar=False
     )
     by_prompt = {tuple(r.prompt_ids): list(r.generated_tokens) for r in results.values()}
     return [by_prompt[tuple(p)] for p in PROMPTS]
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
-def test_generate_batch_matches_sdpa(kind, api_calls):
+def test_generate_batch_matches_sdpa(kind, route, api_calls):
+    """Same tokens as sdpa on either route, and each step took the route it should: the pool routes serve
+    full-attention layers (llama); sliding-window layers (mistral, qwen2 here) keep the gathered route."""
     ours, ref = twin_models(kind)
     got = batch_generate(ours)
-    assert api_calls["varlen"] >= ours.config.num_hidden_layers * NEW_TOKENS  # every step ran our varlen call
-    if _paged_prefix_supported():  # transformers < 5.23 calls paged|<name>
-        assert api_calls["paged_torch"] >= ours.config.num_hidden_layers * NEW_TOKENS
+    layers = ours.config.num_hidden_layers
+    pooled = route == "pool" and kind == "llama"
+    decode_steps = layers * (NEW_TOKENS - 1)  # the first new token comes out of the prefill step
+    if not pooled:
+        assert api_calls["varlen"] >= layers * NEW_TOKENS  # every step ran our varlen call
+        assert api_calls["kv_append"] == api_calls["slot"] == api_calls["block_table"] == 0
+        if _paged_prefix_supported():  # transformers < 5.23 calls paged|<name>
+            assert api_calls["paged_torch"] >= layers * NEW_TOKENS
+    elif _paged_prefix_supported():  # < 5.23: paged|<name> writes through write_index, reads through read_index
+        assert api_calls["slot"] >= decode_steps and api_calls["kv_append"] >= api_calls["slot"]
+        assert api_calls["paged_torch"] == api_calls["block_table"] == 0
+    else:  # >= 5.23: every decode step is a block-table call: one append and one paged decode per layer
+        assert api_calls["block_table"] >= decode_steps and api_calls["kv_append"] == api_calls["block_table"]
+        assert api_calls["varlen"] >= layers  # the prefill
+        assert api_calls["slot"] == 0
     assert ours.config._attn_implementation == NAME  # restored after the batch
     assert all(len(tokens) == NEW_TOKENS for tokens in got)
     assert got == batch_generate(ref)
+
+
+@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.23's")
+def test_block_table_path_stays_off_when_the_caller_turns_it_off(api_calls, monkeypatch):
+    monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda tensor: None)
+    ours, ref = twin_models("llama")
+    assert batch_generate(ours, max_blocks_per_request=0) == batch_generate(ref)
+    assert api_calls["block_table"] == api_calls["kv_append"] == 0
+
+
+@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.23's")
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_decode_fast_path_check_for_our_name(kind, monkeypatch):
+    """transformers keeps its block-table decode path only for flash-attn; for our continuous-batching name it
+    stays on where our route can serve it, and goes off for sliding-window layers or without the kernels."""
+    from transformers.generation.continuous_batching import initialization
+
+    from hf_flashpatch.backend.patch import continuous_batching_name
+
+    model = tiny_model(kind)
+    model.set_attn_implementation(continuous_batching_name(NAME))
+    for reason, want in ((None, 6 if kind == "llama" else 0), ("no kernels", 0)):
+        monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda tensor, r=reason: r)
+        cb_config = ContinuousBatchingConfig(max_blocks_per_request=6)
+        initialization.ensure_decode_fast_path_is_available(model.config, cb_config, True)
+        assert cb_config.max_blocks_per_request == want, (reason, cb_config.max_blocks_per_request)
+    model.set_attn_implementation("sdpa")  # not ours: transformers' own verdict (no flash-attn: off)
+    cb_config = ContinuousBatchingConfig(max_blocks_per_request=6)
+    initialization.ensure_decode_fast_path_is_available(model.config, cb_config, False)
+    assert cb_config.max_blocks_per_request == 0
+
+
+@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.23's")
+def test_block_table_plan_is_made_once_per_step(monkeypatch):
+    """Sequence lengths and write slots are the same for every layer of a decode step: made by its first layer."""
+    monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda tensor: None)
+    plans = []
+    real = paged_kernel._block_table_plan
+    monkeypatch.setattr(paged_kernel, "_block_table_plan", lambda *args: plans.append(1) or real(*args))
+    ours, ref = twin_models("llama")
+    assert batch_generate(ours) == batch_generate(ref)
+    assert len(plans) == NEW_TOKENS - 1  # one per decode step, not one per layer
+
+
+@pytest.mark.skipif(_paged_prefix_supported(), reason="before 5.23 the batching thread runs outside inference_mode "
+                    "and cannot update the pool made inside it, for any attention")  # fmt: skip
+def test_pool_route_in_inference_mode(route, api_calls):
+    ours, ref = twin_models("llama")
+    with torch.inference_mode():
+        got, want = batch_generate(ours), batch_generate(ref)
+    assert got == want and all(len(tokens) == NEW_TOKENS for tokens in got)
+    assert (api_calls["kv_append"] > 0) == (route == "pool")
+
+
+def _block_table_call(dtype=torch.float32):
+    """A decode step as transformers >= 5.23 hands it over: 3 sequences of 5, 1 and 9 keys (the new one
+    included) in pages of 4, then 2 padding sequences (length 0, table rows of -1), as in a CUDA-graph
+    batch padded to a power of 2."""
+    num_pages, page_size, heads, kv_heads, dim = 10, 4, 4, 2, 16
+    k_pages, v_pages = torch.randn(num_pages, page_size, kv_heads, dim, dtype=dtype), torch.randn(
+        num_pages, page_size, kv_heads, dim, dtype=dtype
+    )
+    table = torch.full((5, 3), -1, dtype=torch.int32)  # (B, max_pages)
+    table[0, :2] = torch.tensor([7, 2])
+    table[1, :1] = torch.tensor([5])
+    table[2, :3] = torch.tensor([0, 9, 4])
+    lengths = [5, 1, 9, 0, 0]
+    cu_k = torch.tensor([0, 5, 6, 15, 15, 15], dtype=torch.int32)
+    query = torch.randn(1, heads, 5, dim, dtype=dtype)  # (1, H, B, D): one new token per sequence
+    key, value = torch.randn(1, kv_heads, 5, dim, dtype=dtype), torch.randn(1, kv_heads, 5, dim, dtype=dtype)
+    kwargs = dict(block_table=table, k_cache=k_pages, v_cache=v_pages, cu_seq_lens_k=cu_k, cu_seq_lens_q=cu_k,
+                  max_length_q=1, max_length_k=1, is_causal=True)  # fmt: skip
+    return query, key, value, kwargs, lengths
+
+
+def test_block_table_call_writes_the_new_token_and_reads_the_pages(api_calls):
+    query, key, value, kwargs, lengths = _block_table_call()
+    k_pages, v_pages, table = kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"]
+    k_before, v_before = k_pages.clone(), v_pages.clone()
+    module = torch.nn.Module()
+    out, weights = paged_module.continuous_batching_forward(module, query, key, value, None, scaling=0.3, **kwargs)
+    assert weights is None and out.shape == (1, 5, 4, 16) and out.is_contiguous()
+    # The new token of sequence b goes to position lengths[b] - 1 of its pages; padding writes nothing.
+    want_k, want_v = k_before.clone(), v_before.clone()
+    for b, n in enumerate(lengths[:3]):
+        page, offset = int(table[b, (n - 1) // 4]), (n - 1) % 4
+        want_k[page, offset], want_v[page, offset] = key[0, :, b], value[0, :, b]
+    assert torch.equal(k_pages, want_k) and torch.equal(v_pages, want_v)
+    ref, _ = paged_decode_reference(query[0].transpose(0, 1)[:3, None], want_k, want_v, table[:3],
+                                    torch.tensor(lengths[:3]), causal=True, softmax_scale=0.3)  # fmt: skip
+    torch.testing.assert_close(out[0, :3], ref[:, 0], atol=1e-5, rtol=1e-5)
+    assert torch.all(out[0, 3:] == 0)  # padding sequences see no key
+    assert api_calls["kv_append"] == api_calls["block_table"] == 1 and api_calls["varlen"] == 0
+
+
+def test_block_table_call_casts_into_the_pool_dtype():
+    """q/k/v may arrive in fp32 (autocast, fp32 layer norms) while the pool is in the model's dtype."""
+    query, key, value, kwargs, lengths = _block_table_call(torch.bfloat16)
+    out, _ = paged_module.continuous_batching_forward(
+        torch.nn.Module(), query.float(), key.float(), value.float(), None, **kwargs
+    )
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(kwargs["k_cache"][2, 0], key[0, :, 0])  # sequence 0's 5th token: its 2nd page (2), offset 0
 
 
 def test_generate_batch_matches_one_prompt_at_a_time():

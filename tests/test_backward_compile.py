@@ -28,6 +28,7 @@ ENTRIES = {"bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_dkdv", "bwd_dq", "bwd_co
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 
 
+@pytest.mark.kernel_build
 @needs_nvcc
 def test_all_backward_builds_compile_without_spills():
     builds = all_builds()
@@ -66,6 +67,7 @@ def _find_cuobjdump() -> str | None:
     return str(candidate) if candidate.is_file() else None
 
 
+@pytest.mark.kernel_build
 @needs_nvcc
 def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
     cuobjdump = _find_cuobjdump()

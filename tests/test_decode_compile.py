@@ -46,6 +46,7 @@ def _default_builds():
     return builds + [b for b in shipped if b.source == "kv_append.cu"]
 
 
+@pytest.mark.kernel_build
 @needs_nvcc
 def test_default_decode_builds_compile_without_spills(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_FLASHPATCH_CACHE", str(tmp_path))

@@ -64,6 +64,7 @@ def _build_id(build) -> str:
     return "-".join(f"{k}={v}" for k, v in build.defines)
 
 
+@pytest.mark.kernel_build
 @pytest.mark.parametrize("build", ALL_COMPILED, ids=_build_id)
 def test_build_compiles_without_spills(build, ptxas_reports):
     report = ptxas_reports[build][1]
@@ -89,6 +90,7 @@ def _find_cuobjdump() -> str | None:
         return None
 
 
+@pytest.mark.kernel_build
 def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
     cuobjdump = _find_cuobjdump()
     if cuobjdump is None:

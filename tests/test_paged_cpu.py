@@ -151,7 +151,8 @@ def test_paged_kernel_path_logic_with_emulated_kernels(monkeypatch):
     from transformers import AttentionInterface, GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-    from hf_flashpatch.backend import paged_kernel
+    import hf_flashpatch.api
+    from hf_flashpatch.backend import paged, paged_kernel
     from hf_flashpatch.kernels import decode
 
     calls = {"append": 0, "slot": 0}
@@ -166,9 +167,10 @@ def test_paged_kernel_path_logic_with_emulated_kernels(monkeypatch):
         return _emulated_slot_varlen(*args, **kwargs)
 
     monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda q: None)
+    monkeypatch.setattr(hf_flashpatch.api, "kernels_unavailable_reason", lambda q: None)  # the API calls the stand-ins
     monkeypatch.setattr(decode, "kv_append", append)
     monkeypatch.setattr(decode, "slot_varlen_forward", slot)
-    AttentionInterface.register("paged|emulated", paged_kernel.paged_attention_forward_cuda)
+    AttentionInterface.register("paged|emulated", paged.paged_attention_forward)
     config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)  # fmt: skip
     torch.manual_seed(0)
@@ -184,3 +186,82 @@ def test_paged_kernel_path_logic_with_emulated_kernels(monkeypatch):
     assert calls["append"] > 0 and calls["slot"] > 0
     assert len(results["paged|emulated"]) == 3
     assert results["paged|emulated"] == results["paged|eager"]
+
+
+# ------------------------------------------------------------------ misuse that used to pass silently (issue 18)
+
+
+def test_append_must_write_exactly_the_allocated_tokens():
+    """append before allocate used to overwrite the last tokens; now it names the sequence and layer."""
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    data = _fill(cache, ["a", "b"], [5, 3])
+    before = cache.k_pages.clone()
+    with pytest.raises(ValueError, match=r"sequence 'a' has 0 token\(s\) allocated and not yet written in layer 0, "
+                                         r"but append got S_new = 1"):  # fmt: skip
+        cache.append(["a"], torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8))
+    assert torch.equal(cache.k_pages, before)
+    k, _ = cache.gather("a")
+    assert torch.equal(k, data["a"][0])
+    cache.allocate(["a", "b"], 2)
+    with pytest.raises(ValueError, match=r"'a' has 2 token\(s\) allocated .* got S_new = 1"):
+        cache.append(["a", "b"], torch.ones(2, 1, 1, 8), torch.ones(2, 1, 1, 8))  # would leave a gap
+    cache.append(["a", "b"], torch.ones(2, 2, 1, 8), torch.ones(2, 2, 1, 8))
+    cache.free("b")
+    cache.allocate("b", 1)  # a freed id starts over
+    cache.append(["b"], torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8))
+    layered = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32, num_layers=2)
+    layered.allocate("x", 2)
+    for layer in (0, 1):  # one allocate serves every layer
+        layered.append(["x"], torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8), layer=layer)
+    with pytest.raises(ValueError, match=r"'x' has 0 token\(s\) allocated and not yet written in layer 1"):
+        layered.append(["x"], torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), layer=1)
+
+
+def test_append_refuses_duplicate_ids():
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    cache.allocate("a", 2)
+    with pytest.raises(ValueError, match=r"seq_ids must be distinct, got \['a', 'a'\]"):
+        cache.append(["a", "a"], torch.zeros(2, 1, 1, 8), torch.zeros(2, 1, 1, 8))
+
+
+def test_empty_id_list_and_batch_zero():
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=2, head_dim=8, dtype=torch.float32)
+    cache.allocate([], 1)
+    cache.append([], torch.zeros(0, 1, 2, 8), torch.zeros(0, 1, 2, 8))
+    out = cache.decode(torch.zeros(0, 1, 4, 8), [])
+    assert out.shape == (0, 1, 4, 8)
+    out, lse = cache.decode(torch.zeros(0, 1, 4, 8), [], return_lse=True)
+    assert out.shape == (0, 1, 4, 8) and lse.shape == (0, 4, 1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(head_dim=512), ValueError, "head_dim must be in 1..256, got 512"),
+        (dict(dtype=torch.int32), TypeError, r"dtype must be torch.float16, torch.bfloat16 or .* got torch.int32"),
+        (dict(dtype="bf16"), TypeError, r"dtype must be .* got 'bf16'"),
+        (dict(num_pages=True), ValueError, "num_pages must be a positive int, got True"),
+    ],
+)
+def test_constructor_refuses_what_decode_cannot_serve(kwargs, error, match):
+    args = dict(num_pages=4, page_size=2, kv_heads=1, head_dim=8) | kwargs
+    with pytest.raises(error, match=match):
+        PagedKVCache(**args)
+
+
+def test_decode_skips_the_device_check_of_its_own_tables(monkeypatch):
+    import hf_flashpatch.api
+
+    seen = []
+    real = hf_flashpatch.api.flash_attn_paged_decode
+    spy = lambda *a, **kw: seen.append(kw) or real(*a, **kw)  # noqa: E731
+    monkeypatch.setattr(hf_flashpatch.api, "flash_attn_paged_decode", spy)
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    _fill(cache, ["a"], [6])
+    cache.decode(torch.randn(1, 1, 2, 8), ["a"])
+    assert seen[-1]["check_inputs"] is False
+
+
+def test_check_page_table_rejects_negative_lengths():
+    with pytest.raises(ValueError, match=r"seqlens\[0\] = -2 is negative"):
+        check_page_table(torch.tensor([[0, 1]]), 8, torch.tensor([-2]), page_size=4)

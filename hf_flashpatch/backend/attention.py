@@ -38,6 +38,8 @@ from typing import NamedTuple
 import torch
 
 from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
+from ..validate import check_scalars
+from .traced import traced_attention
 
 
 class UnsupportedAttentionFeature(NotImplementedError):
@@ -89,7 +91,7 @@ def _as_int(x) -> int:
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
 
 
-def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn):
+def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, check_inputs=False, **attn):
     """Sequences packed along one batch row. q ``(1, T_q, H, D)``, k/v ``(1, T_k, H_kv, D)``."""
     if q.shape[0] != 1:
         raise ValueError(
@@ -98,7 +100,8 @@ def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn):
         )
     out = api.flash_attn_varlen_func(
         q[0], k[0], v[0],  # (T, H, D) views
-        cu_q.to(torch.int32), cu_k.to(torch.int32), _as_int(max_q), _as_int(max_k), **attn,
+        cu_q.to(torch.int32), cu_k.to(torch.int32), _as_int(max_q), _as_int(max_k), check_inputs=check_inputs,
+        **attn,
     )  # fmt: skip
     return out[None]  # (1, T_q, H, D)
 
@@ -106,7 +109,9 @@ def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn):
 def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Sequence starts of a packed batch-1 row: every place the position restarts at its minimum."""
     flat = position_ids.reshape(-1)
-    starts = (flat == flat.min()).nonzero().view(-1).to(torch.int32)  # (num_seqs,)
+    is_start = flat == flat.min()
+    is_start[0] = True  # a row that opens mid-document ([5, 6, 7, 0, 1, ...]) still starts a sequence at 0
+    starts = is_start.nonzero().view(-1).to(torch.int32)  # (num_seqs,)
     cu = torch.cat([starts, starts.new_tensor([flat.numel()])])  # (num_seqs + 1,)
     return cu, int(cu.diff().max())
 
@@ -132,42 +137,55 @@ class _UnpadPlan(NamedTuple):
     max_k: int
 
 
-_plans = threading.local()  # one cached plan per thread: every layer of a forward gets the same mask object
 _host_facts = threading.local()  # answers about a mask / position tensor that cost a host sync
 
 
-def once_per_tensor(tensor: torch.Tensor, tag, compute):
-    """``compute(tensor)``, evaluated once per (tensor object, in-place version, tag) and thread: every
-    layer of a forward receives the same mask and position tensors, and each answer (``bool(...)``,
-    ``int(...)`` of a device value) costs a host sync, which would otherwise stall the GPU once per layer.
-    The cache holds the tensor itself, so its identity cannot be reused by another tensor."""
+def once_per_forward(tensor: torch.Tensor, tag, layer_idx, compute):
+    """``compute(tensor)``, evaluated once per forward pass of a model rather than once per layer.
+
+    Every layer of a forward receives the same mask and position tensors, and each answer (``bool(...)``,
+    ``int(...)`` of a device value, an unpadding plan) costs a host sync, which would otherwise stall the
+    GPU once per layer. An answer is reused while the same tensor object (and, outside
+    ``torch.inference_mode``, the same in-place version) reaches layers of increasing ``layer_idx``; a
+    layer index that does not increase starts a new forward pass (or a checkpointed recomputation), and a
+    module without a ``layer_idx`` always recomputes. Inference tensors have no version counter, so the
+    layer order is what keeps an answer from outliving its forward pass. Per thread (continuous batching
+    runs the model in a background thread); the cache holds the tensor itself, so its identity cannot be
+    reused by another tensor.
+    """
+    version = None if tensor.is_inference() else tensor._version
     cache = getattr(_host_facts, "entries", None)
     if cache is None:
         cache = _host_facts.entries = {}
     key = (tag, id(tensor))
     hit = cache.get(key)
-    if hit is not None and hit[0] is tensor and hit[1] == tensor._version:
-        return hit[2]
+    if (
+        hit is not None and layer_idx is not None and hit[0] is tensor and hit[1] == version
+        and hit[2] is not None and layer_idx > hit[2]
+    ):  # fmt: skip
+        del cache[key]  # re-inserted last: the dict's order is least recently used first
+        cache[key] = (tensor, version, layer_idx, hit[3])
+        return hit[3]
     value = compute(tensor)
-    if len(cache) >= 8:  # a forward uses one or two tensors; old ones must not be kept alive
-        cache.clear()
-    cache[key] = (tensor, tensor._version, value)
+    cache.pop(key, None)
+    while len(cache) >= 8:  # a forward uses a few tensors; older ones must not be kept alive
+        del cache[next(iter(cache))]
+    cache[key] = (tensor, version, layer_idx, value)
     return value
 
 
-def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
-    """The plan for ``key_mask`` ``(B, S_mask)``, computed once per mask rather than once per layer (it
-    costs host syncs). The cache holds the mask itself, so its identity and version cannot be reused."""
-    cached = getattr(_plans, "entry", None)
-    if cached is not None:
-        mask, version, cached_q, plan = cached
-        if mask is key_mask and version == key_mask._version and cached_q == seqlen_q:
-            return plan
+def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device, layer_idx=None) -> _UnpadPlan:
+    """The plan for ``key_mask`` ``(B, S_mask)``, computed once per forward rather than once per layer
+    (it costs host syncs; see :func:`once_per_forward`)."""
+    return once_per_forward(key_mask, ("plan", seqlen_q, device), layer_idx, lambda m: _make_plan(m, seqlen_q, device))
+
+
+def _make_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
     bool_mask = key_mask.to(device=device, dtype=torch.bool)
     lens_k = bool_mask.sum(dim=1, dtype=torch.int32)  # (B,)
     query_mask = bool_mask[:, -seqlen_q:]  # (B, S_q): left padding puts the queries in the last columns
     lens_q = query_mask.sum(dim=1, dtype=torch.int32)
-    plan = _UnpadPlan(
+    return _UnpadPlan(
         rows_q=tuple(query_mask.nonzero().unbind(1)),
         cu_q=torch.nn.functional.pad(lens_q.cumsum(0, dtype=torch.int32), (1, 0)),
         max_q=int(lens_q.max()),
@@ -175,11 +193,9 @@ def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
         cu_k=torch.nn.functional.pad(lens_k.cumsum(0, dtype=torch.int32), (1, 0)),
         max_k=int(lens_k.max()),
     )
-    _plans.entry = (key_mask, key_mask._version, seqlen_q, plan)
-    return plan
 
 
-def unpadded_attention(q, k, v, key_mask: torch.Tensor, **attn):
+def unpadded_attention(q, k, v, key_mask: torch.Tensor, layer_idx=None, **attn):
     """Key-padding mask ``(B, S_mask)`` (True = real token): unpad into varlen, pad the output back.
 
     Keys beyond ``S_mask`` (the unwritten tail of a StaticCache) are dropped. Queries are the last ``S_q``
@@ -192,13 +208,13 @@ def unpadded_attention(q, k, v, key_mask: torch.Tensor, **attn):
             f"attention mask covers {seqlen_mask} keys but the keys have {k.shape[1]} "
             f"(k shape {tuple(k.shape)}, (batch, seqlen, heads, head_dim))"
         )
-    plan = unpad_plan(key_mask, seqlen_q, q.device)
+    plan = unpad_plan(key_mask, seqlen_q, q.device, layer_idx)
     # Gathered straight from the strided views: no contiguous copy of the whole cache first.
     k_packed, v_packed = k[plan.rows_k], v[plan.rows_k]  # (T_k, H_kv, D)
     q_packed = q[plan.rows_q]  # (T_q, H, D)
     out_packed = api.flash_attn_varlen_func(
-        q_packed, k_packed, v_packed, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, **attn
-    )  # (T_q, H, D)
+        q_packed, k_packed, v_packed, plan.cu_q, plan.cu_k, plan.max_q, plan.max_k, check_inputs=False, **attn
+    )  # (T_q, H, D): the plan's tables are ours
     out = out_packed.new_zeros(batch, seqlen_q, *out_packed.shape[1:])  # (B, S_q, H, D)
     return out.index_put(plan.rows_q, out_packed)  # padded query rows stay 0
 
@@ -237,21 +253,33 @@ def attention_forward(
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
     position_ids = kwargs.get("position_ids")
+    if torch.compiler.is_compiling():
+        attn["softcap"] = check_scalars(scaling, softcap, attn["window"])  # host-only: softcap=inf means none
+        differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        packed = (cu_q, cu_k, max_q, max_k) if cu_q is not None and cu_k is not None else None
+        out = traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differentiable)
+        return out.contiguous(), None
+    layer = getattr(module, "layer_idx", None)
     if attention_mask is not None:
         if attention_mask.shape[1] < k.shape[1]:  # a StaticCache: keys past the mask are not written yet
             k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # (B, S_mask, H_kv, D)
-        if once_per_tensor(attention_mask, "all-real", lambda m: bool(m.all())):
+        if once_per_forward(attention_mask, "all-real", layer, lambda m: bool(m.all())):
             attention_mask = None
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     differentiable = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if cu_q is not None and cu_k is not None and max_q is not None and max_k is not None and attention_mask is None:
-        out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, **attn)
+        first_use = []  # the caller's tables: their contents are checked once per forward, not per layer
+        once_per_forward(cu_q, ("tables checked", id(cu_k)), layer, lambda _: first_use.append(True))
+        out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, check_inputs=bool(first_use), **attn)
     elif attention_mask is not None:
-        out = unpadded_attention(q, k, v, attention_mask, **attn)
-    elif position_ids is not None and once_per_tensor(
-        position_ids, ("packed", batch, seqlen_q, seqlen_k), lambda p: is_packed_row(p, batch, seqlen_q, seqlen_k)
+        out = unpadded_attention(q, k, v, attention_mask, layer, **attn)
+    elif position_ids is not None and once_per_forward(
+        position_ids, ("packed", batch, seqlen_q, seqlen_k), layer,
+        lambda p: is_packed_row(p, batch, seqlen_q, seqlen_k),
     ):
-        cu, max_len = once_per_tensor(position_ids, ("cu", q.device), lambda p: cu_seqlens_from_position_ids(p.to(q.device)))
+        cu, max_len = once_per_forward(
+            position_ids, ("cu", q.device), layer, lambda p: cu_seqlens_from_position_ids(p.to(q.device))
+        )
         out = varlen_packed_row(q, k, v, cu, cu, max_len, max_len, **attn)
     elif seqlen_q == 1 and seqlen_k > 1 and attn["causal"] and not differentiable:
         out = api.flash_attn_with_kvcache(q, k, v, **attn)  # one new token over the whole cache (decode kernel)

@@ -20,7 +20,14 @@ import torch
 
 def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
                      **kwargs):  # fmt: skip
-    """``None`` or a ``(batch_size, S <= kv_length)`` bool mask; same arguments as transformers' mask functions."""
+    """``None`` or a ``(batch_size, S <= kv_length)`` bool mask; same arguments as transformers' mask functions.
+
+    Under ``torch.compile`` no value may decide the result (transformers' ``flash_attention_mask`` asks
+    ``attention_mask.all()``), so there it is :func:`traced_key_mask` instead.
+    """
+    if torch.compiler.is_compiling():
+        return traced_key_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
+                               kwargs.get("device"))  # fmt: skip
     from transformers.masking_utils import flash_attention_mask
 
     mask = flash_attention_mask(
@@ -32,6 +39,32 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
         if 0 < written < kv_length:
             mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
     return mask
+
+
+def traced_key_mask(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset, attention_mask, device):
+    """The compile-time form: decided by shapes alone, ``None`` or a ``(batch_size, kv_length)`` bool mask.
+
+    ``None`` when there is neither a padding mask nor a static buffer with unwritten slots (both known
+    from shapes); otherwise one column per key slot the attention receives, False for padding and for
+    slots not written yet, so its shape stays the same at every decoding step of a static cache (no
+    recompilation) and :mod:`.traced` reads each row's key range from it on the device.
+    """
+    static_tail = not isinstance(q_offset, int) or int(q_offset) + q_length - int(kv_offset) < kv_length
+    if attention_mask is None and not static_tail:
+        return None
+    slots = torch.arange(kv_length, device=device)  # (kv_length,)
+    written = slots < (q_offset + q_length - kv_offset)  # (kv_length,): a static buffer's filled slots
+    if attention_mask is None:
+        return written.expand(batch_size, kv_length)
+    # The last kv_length columns of a longer mask (sliding layers), or the whole of a shorter one padded
+    # with False: index arithmetic rather than slicing, so no guard on the mask's (growing) length.
+    columns = attention_mask.shape[1]
+    excess = columns - kv_length  # a plain int on a static first step, symbolic once the length varies
+    index = slots + (max(excess, 0) if isinstance(excess, int) else torch.sym_max(excess, 0))  # (kv_length,)
+    mask = attention_mask.to(device=device, dtype=torch.bool).gather(
+        1, index.clamp(max=columns - 1).expand(batch_size, kv_length)
+    )  # (B, kv_length)
+    return mask & written & (index < columns)
 
 
 def register_mask(name: str) -> None:

@@ -1,45 +1,55 @@
-"""``paged|<name>``: attention for transformers' continuous batching (``generate_batch``,
-``generate(cache_implementation="paged")``).
+"""The attention functions of transformers' continuous batching (``generate_batch``,
+``generate(cache_implementation="paged")``). During a batch the model runs under its own name for them
+(:func:`hf_flashpatch.backend.patch.continuous_batching_name`); the name is restored afterwards.
 
-Continuous batching packs every scheduled request into one batch row: q is ``(1, H, T_q, D)`` and k/v
-``(1, H_kv, T_new, D)`` hold only the new tokens. kwargs carry the ``cache`` (a ``PagedAttentionCache``),
-``cu_seq_lens_q/k`` and ``max_seqlen_q/k`` (per layer type when the model mixes full and sliding layers),
-``read_index``/``write_index`` (physical cache slots per token) and ``block_table``.
+Continuous batching packs every scheduled request into one batch row: q is ``(1, H, T_q, D)``, and kwargs
+carry the ``cache`` (a ``PagedAttentionCache``), ``cu_seq_lens_q/k`` and ``max_seqlen_q/k`` or
+``max_length_q/k`` (per layer type when the model mixes full and sliding layers).
 
-- On CUDA, :func:`hf_flashpatch.backend.paged_kernel.paged_attention_forward_cuda` (the paged decode
-  kernel, same signature and return as this function) serves the call when that module imports.
-- Otherwise (CPU, or no paged kernel module): what transformers' ``paged|sdpa`` does, but without its dense
-  ``T_q x T_k`` mask: ``cache.update`` writes the new K/V and gathers each sequence's K/V contiguously
-  ``(T_k, H_kv, D)``, then our varlen API runs causal attention per sequence (bottom-right aligned, which
-  is what a request with cached tokens needs). The gather is the slow part that a paged kernel avoids.
-
-transformers >= 5.23 dropped the ``paged|`` functions: its models update the paged cache themselves and
-call the plain attention function with ``cu_seq_lens_*``/``max_length_*``, which
-:func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen (see
-:func:`hf_flashpatch.backend.patch.allow_continuous_batching`).
+- transformers < 5.23 calls ``paged|<name>``, :func:`paged_attention_forward`, with k/v
+  ``(1, H_kv, T_new, D)`` holding only the new tokens and ``read_index``/``write_index`` (pool slots per
+  token): the attention function updates the cache. The slot route of :mod:`.paged_kernel` serves it
+  where it can (write into the pool, read through ``read_index``); otherwise
+  :func:`paged_attention_forward_torch` does what transformers' ``paged|sdpa`` does, without its dense
+  ``T_q x T_k`` mask: ``cache.update`` writes the new K/V and gathers each sequence's K/V contiguously,
+  then our varlen API runs causal attention per sequence (bottom-right aligned, which is what a request
+  with cached tokens needs). The gather is the slow part that the slot route avoids.
+- transformers >= 5.23 calls the name of :func:`continuous_batching_forward`. Its models update the
+  cache themselves: in mixed or prefill batches ``cache.update`` has gathered each sequence's K/V before
+  the call, which :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen; in
+  decode-only batches (when :func:`hf_flashpatch.backend.patch.allow_continuous_batching` has let
+  transformers use its block-table decode path for us) the call carries ``block_table``, ``k_cache`` and
+  ``v_cache`` and the new K/V only, and the block-table route of :mod:`.paged_kernel` writes and reads
+  the pages.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from .attention import _as_int, check_unsupported, common_dtype, varlen_packed_row, window_from_sliding
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_paged_forward():
-    """The CUDA paged attention function, or None when its module is absent or cannot import."""
-    try:
-        from .paged_kernel import paged_attention_forward_cuda
-    except ImportError:
-        return None
-    return paged_attention_forward_cuda
+from . import paged_kernel
+from .attention import (
+    _as_int,
+    attention_forward,
+    check_unsupported,
+    common_dtype,
+    varlen_packed_row,
+    window_from_sliding,
+)
 
 
 def _layer_type(module) -> str:
     return "sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"
+
+
+def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
+    if kwargs.get("cache") is None:
+        raise ValueError(
+            "paged attention was called without a paged cache (kwarg 'cache'); it serves continuous batching "
+            "only. Use the plain attention name for a standard forward."
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"paged attention expects one packed batch row, got query of shape {tuple(query.shape)}")
 
 
 def paged_attention_forward(
@@ -52,25 +62,19 @@ def paged_attention_forward(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)`` -> ``(out (1, T_q, H, D), None)``."""
-    if query.is_cuda:
-        cuda_forward = _cuda_paged_forward()
-        if cuda_forward is not None:
-            return cuda_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    """``paged|<name>`` (transformers < 5.23). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
+    -> ``(out (1, T_q, H, D), None)``."""
+    check_unsupported(module, dropout, kwargs)
+    _check_packed_call(query, kwargs)
+    if paged_kernel.slot_route_declines(module, query, kwargs) is None:
+        return paged_kernel.slot_attention(module, query, key, value, scaling, kwargs)
     return paged_attention_forward_torch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 
 
 def paged_attention_forward_torch(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """The gather-then-varlen path (any device); see the module docstring."""
+    """The gather-then-varlen path of ``paged|<name>`` (any device); see the module docstring."""
     check_unsupported(module, dropout, kwargs)
-    cache = kwargs.get("cache")
-    if cache is None:
-        raise ValueError(
-            "paged attention was called without a paged cache (kwarg 'cache'); it serves continuous batching "
-            "only. Use the plain attention name for a standard forward."
-        )
-    if query.shape[0] != 1:
-        raise ValueError(f"paged attention expects one packed batch row, got query of shape {tuple(query.shape)}")
+    _check_packed_call(query, kwargs)
     layer_type = _layer_type(module)
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     max_q = kwargs.get("max_seqlen_q", kwargs.get("max_length_q"))
@@ -80,7 +84,7 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
     if isinstance(max_k, dict):
         max_k = max_k[layer_type]
     # (T_k, H_kv, D): this layer's cached K/V followed by the new tokens, sequence after sequence
-    k_all, v_all = cache.update(
+    k_all, v_all = kwargs["cache"].update(
         key_states=key,
         value_states=value,
         layer_idx=module.layer_idx,
@@ -96,3 +100,22 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
         causal=True, softmax_scale=scaling, window=window_from_sliding(sliding), softcap=kwargs.get("softcap"),
     )  # fmt: skip  (1, T_q, H, D)
     return out.contiguous(), None
+
+
+def continuous_batching_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The continuous-batching name on transformers >= 5.23: decode batches with a ``block_table`` take the
+    block-table route, every other call is :func:`hf_flashpatch.backend.attention.attention_forward`'s.
+    query ``(1, H, T_q, D)`` -> ``(out (1, T_q, H, D), None)``."""
+    if kwargs.get("block_table") is None:
+        return attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    check_unsupported(module, dropout, kwargs)
+    return paged_kernel.block_table_attention(module, query, key, value, scaling, kwargs)

@@ -1,109 +1,152 @@
-"""The CUDA path of ``paged|<name>`` for transformers' continuous batching (transformers 5.x with
-``paged|`` functions, e.g. 5.17).
+"""The pool routes of continuous batching: write the new K/V into transformers' paged cache and attend
+through its index, never gathering the cache. Both reach the kernels through the public API
+(:func:`hf_flashpatch.api.kv_append` and the pool attention functions), so on CPU, or wherever the
+kernels decline, the same route runs with the API's torch fallback.
 
-Inputs (as transformers' ``paged|sdpa`` / ``paged|flash`` receive them): q ``(1, H, T_q, D)``; k/v
-``(1, H_kv, T_new, D)`` hold only the new tokens; kwargs carry ``cache`` (a ``PagedAttentionCache``:
-per layer a pool ``((num_blocks + 2) * block_size, H_kv, D)``), ``cu_seq_lens_q/k``,
-``max_seqlen_q/k`` (or ``max_length_q/k``), and per layer group ``write_index`` / ``read_index``
-(int64 physical slot of every new token / of every key of every sequence, new tokens included).
+transformers hands the cache over in one of two forms; each route returns ``(out (1, T_q, H, D), None)``:
 
-Per call, all on the current stream with no host synchronisation (CUDA-graph capturable):
+- **slot form** (transformers < 5.23, ``paged|<name>``), :func:`slot_attention`: q ``(1, H, T_q, D)``,
+  k/v ``(1, H_kv, T_new, D)`` hold only the new tokens; kwargs carry ``cache`` (a ``PagedAttentionCache``:
+  per layer a pool ``((num_blocks + 2) * block_size, H_kv, D)``), ``cu_seq_lens_q/k``,
+  ``max_seqlen_q/k`` (or ``max_length_q/k``) and per layer group ``write_index`` / ``read_index`` (int64
+  pool slot of every new token / of every key of every sequence, new tokens included). The new rows go
+  to their ``write_index`` slots; :func:`hf_flashpatch.api.flash_attn_slot_varlen_func` reads the keys
+  through ``read_index`` (the slot decode kernel for decode-like batches, gather + varlen forward for
+  prefill chunks).
+- **block-table form** (transformers >= 5.23, decode-only batches, one new token per sequence),
+  :func:`block_table_attention`: transformers' ``cache.update`` leaves the new K/V to the attention
+  function (for flash-attn it is ``flash_attn_with_kvcache``'s fused write) and puts ``block_table``
+  ``(B, max_pages)`` int32 (-1 past a sequence's pages), ``k_cache``/``v_cache`` ``(num_pages, page_size,
+  H_kv, D)`` and ``cu_seq_lens_k`` (each sequence's length, new token included) in kwargs. The new rows
+  go to their slots, then :func:`hf_flashpatch.api.flash_attn_paged_decode` reads the pages.
 
-1. the new K/V rows go into their ``write_index`` slots (the kv_append kernel);
-2. attention reads the pool through ``read_index`` with the slot decode kernel, never gathering the
-   cache, when sequences have few queries on average (``ceil(T_q / B) * group <= 64``: decode steps,
-   including the padded decode batches of CUDA-graph runs, where ``max_seqlen_q`` is the padded
-   token count);
-3. otherwise (prefill chunks) K/V are gathered through ``read_index`` and the varlen forward kernel
-   (:func:`hf_flashpatch.flash_attn_varlen_func`) runs on them.
+Everything runs on the current stream without a host sync, so CUDA graphs capture it (transformers
+replays decode steps from graphs, with padding sequences of length 0 that read and write nothing).
 
-Layers with a sliding window (rolling-buffer slots and sentinel reads), sinks, or a cache object
-without the 5.17 layout take the torch path in :mod:`hf_flashpatch.backend.paged`. Returns
-``(out (1, T_q, H, D), None)`` like that path.
+Whether the routes serve at all is decided here (:func:`slot_route_declines`,
+:func:`block_table_route_unavailable`) by ``kernels_unavailable_reason``: where the kernels cannot run
+(CPU, no pycuda/nvcc), the routes would only trade transformers' gather for the API's gathering
+fallback, so the older gathered paths of :mod:`.paged` serve instead. Tests that check the routes on
+CPU monkeypatch this module's ``kernels_unavailable_reason``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..errors import KernelUnsupported
+from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
 from ..kernels import kernels_unavailable_reason
-
-
-def _torch_path(module, query, key, value, attention_mask, dropout, scaling, kwargs):
-    from .paged import paged_attention_forward_torch
-
-    return paged_attention_forward_torch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+from .attention import once_per_forward
 
 
 def _per_layer(value, layer_type: str):
     return value[layer_type] if isinstance(value, dict) else value
 
 
-def paged_attention_forward_cuda(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)`` -> ``(out (1, T_q, H, D), None)``."""
-    from .attention import check_unsupported
+def _window(sliding_window) -> tuple[int, int] | None:
+    """transformers' ``sliding_window=W``: each query sees itself and the ``W - 1`` keys before it."""
+    return (int(sliding_window) - 1, 0) if sliding_window else None
 
-    check_unsupported(module, dropout, kwargs)
+
+# ------------------------------------------------------------------------------------ slot form (< 5.23)
+
+
+def slot_route_declines(module, query: torch.Tensor, kwargs: dict) -> str | None:
+    """Why :func:`slot_attention` should not serve this ``paged|<name>`` call (None: it should)."""
     cache = kwargs.get("cache")
-    layout_ok = cache is not None and hasattr(cache, "layer_index_to_group_indices") and hasattr(cache, "key_cache")
-    if (
-        not layout_ok
-        or getattr(module, "sliding_window", None)
-        or query.shape[0] != 1
-        or kernels_unavailable_reason(query) is not None
-        or query.dtype not in (torch.float16, torch.bfloat16)
-        or key.dtype != query.dtype
-    ):
-        return _torch_path(module, query, key, value, attention_mask, dropout, scaling, kwargs)
+    if cache is None or not hasattr(cache, "layer_index_to_group_indices") or not hasattr(cache, "key_cache"):
+        return f"a cache without the per-group pool layout of transformers 5.17 ({type(cache).__name__})"
+    # Mistral-like models pass the window as a kwarg and keep no module attribute; the cache knows too.
+    cache_window = getattr(cache, "sliding_windows", {}).get(getattr(module, "layer_idx", None), 1)
+    if cache_window > 1 or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
+        return "a sliding-window layer (rolling-buffer slots and sentinel reads)"
+    return kernels_unavailable_reason(query)
 
-    from ..api import flash_attn_varlen_func
-    from ..kernels import decode
 
-    layer_type = "full_attention"
+def slot_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Tensor, None]:
+    """The slot form (module docstring); only for calls :func:`slot_route_declines` accepts."""
+    layer_type = "full_attention"  # sliding layers are declined
+    cache = kwargs["cache"]
     cu_q = kwargs["cu_seq_lens_q"]
     cu_k = _per_layer(kwargs["cu_seq_lens_k"], layer_type)
     max_q = int(_per_layer(kwargs.get("max_seqlen_q", kwargs.get("max_length_q")), layer_type))
     max_k = int(_per_layer(kwargs.get("max_seqlen_k", kwargs.get("max_length_k")), layer_type))
     group_idx, layer_in_group = cache.layer_index_to_group_indices[module.layer_idx]
     k_pool, v_pool = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]  # (slots, H_kv, D)
-    write_index = kwargs["write_index"][group_idx]
-    read_index = kwargs["read_index"][group_idx]
+    write_index = kwargs["write_index"][group_idx]  # (T_new,) int64
+    read_index = kwargs["read_index"][group_idx]  # (T_k,) int64
 
-    q = query[0].transpose(0, 1)  # (T_q, H, D) view
-    k_new = key[0].transpose(0, 1)  # (T_new, H_kv, D) view
-    v_new = value[0].transpose(0, 1)
+    # The pool is in the model's dtype; what is written into it and read with it must match.
+    q = query[0].transpose(0, 1).to(k_pool.dtype)  # (T_q, H, D) view
+    k_new = key[0].transpose(0, 1).to(k_pool.dtype)  # (T_new, H_kv, D) view
+    v_new = value[0].transpose(0, 1).to(k_pool.dtype)
     written = min(write_index.shape[0], k_new.shape[0])
-    try:
-        decode.kv_append(k_new[:written], v_new[:written], k_pool, v_pool, write_index[:written])
-    except KernelUnsupported:
-        k_pool.index_copy_(0, write_index[:written], k_new[:written])
-        v_pool.index_copy_(0, write_index[:written], v_new[:written])
+    # The tables are transformers' own (checking them would cost a host sync per layer).
+    api.kv_append(k_new[:written], v_new[:written], k_pool, v_pool, write_index[:written], check_inputs=False)
 
-    attn = dict(causal=True, softmax_scale=scaling, window=None, softcap=kwargs.get("softcap"))
+    attn = dict(causal=True, softmax_scale=scaling, softcap=kwargs.get("softcap"))
     if read_index.numel() == 0:
         # No cached tokens in this batch (fresh prefills): the new K/V are all the keys.
-        out = flash_attn_varlen_func(q, k_new, v_new, cu_q, cu_k, max_q, max_k, **attn)  # (T_q, H, D)
-        return out[None], None
-    try:
-        # Declines (KernelUnsupported) prefill-heavy batches and head dims it does not serve.
-        out, _ = decode.slot_varlen_forward(
-            q, k_pool, v_pool, read_index, cu_q, cu_k, max_q, causal=True, softmax_scale=scaling,
-            window_left=-1, window_right=0, softcap=kwargs.get("softcap"),
-        )  # fmt: skip  (T_q, H, D)
-        return out[None], None
-    except KernelUnsupported:
-        pass
-    k_all = torch.index_select(k_pool, 0, read_index)  # (T_k, H_kv, D)
-    v_all = torch.index_select(v_pool, 0, read_index)
-    out = flash_attn_varlen_func(q, k_all, v_all, cu_q, cu_k, max_q, max_k, **attn)  # (T_q, H, D)
+        out = api.flash_attn_varlen_func(q, k_new, v_new, cu_q, cu_k, max_q, max_k, check_inputs=False, **attn)
+    else:
+        out = api.flash_attn_slot_varlen_func(
+            q, k_pool, v_pool, read_index, cu_q, cu_k, max_q, max_k, check_inputs=False, **attn
+        )  # (T_q, H, D)
     return out[None], None
+
+
+# ------------------------------------------------------------------------------------ block-table form (>= 5.23)
+
+
+def block_table_route_unavailable() -> str | None:
+    """Why transformers should not send decode batches to :func:`block_table_attention` here (None: it
+    should). Decided before the pool exists, like transformers' own check (``torch.cuda.is_available()``):
+    a model left on the CPU of a GPU machine still gets correct answers, through the API's fallback."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return kernels_unavailable_reason(torch.empty(0, device=device))
+
+
+def _block_table_plan(cu_k: torch.Tensor, table: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seqlens`` int32 ``(B,)`` (keys per sequence, the new one included) and ``slots`` int64 ``(B,)``
+    (where each new token goes in the flattened pool, -1 for a padding sequence: write nothing).
+
+    The same for every layer of a step, so it is computed once per forward pass (a dozen tiny kernels
+    per layer otherwise, as much GPU time as the attention itself at short lengths)."""
+    seqlens = (cu_k[1:] - cu_k[:-1]).to(torch.int32)  # (B,)
+    position = seqlens.long() - 1  # (B,) the new token's position; -1 for padding sequences (length 0)
+    column = (position.clamp(min=0) // page_size).clamp(max=table.shape[1] - 1)  # (B,)
+    page = table.gather(1, column[:, None])[:, 0].long()  # (B,)
+    return seqlens, torch.where(position >= 0, page * page_size + position % page_size, -1)
+
+
+def block_table_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Tensor, None]:
+    """The block-table form (module docstring). query ``(1, H, B, D)``: one new token per sequence."""
+    k_pages, v_pages = kwargs["k_cache"], kwargs["v_cache"]  # (num_pages, page_size, H_kv, D)
+    table = kwargs["block_table"]  # (B, max_pages) int32
+    cu_k = _per_layer(kwargs["cu_seq_lens_k"], "full_attention")  # (B + 1,)
+    batch, page_size = table.shape[0], k_pages.shape[1]
+    if query.shape[0] != 1 or query.shape[2] != batch:
+        raise ValueError(
+            f"a block-table call carries one new token per sequence, got query {tuple(query.shape)} "
+            f"(1, heads, tokens, head_dim) for a block_table of {batch} sequences"
+        )
+    # The pool is in the model's dtype; what is written into it and read with it must match.
+    dtype = k_pages.dtype
+    q = query[0].transpose(0, 1).to(dtype)[:, None]  # (B, 1, H, D)
+    k_new = key[0].transpose(0, 1).to(dtype)  # (B, H_kv, D)
+    v_new = value[0].transpose(0, 1).to(dtype)
+
+    seqlens, slots = once_per_forward(
+        cu_k, ("block_table_plan", table.data_ptr(), tuple(table.shape), page_size), getattr(module, "layer_idx", None),
+        lambda cu: _block_table_plan(cu, table, page_size),
+    )  # fmt: skip
+    # Slots address the pages flattened: .view (not reshape) so that a copy can never take the write.
+    k_pool = k_pages.view(-1, *k_pages.shape[2:])  # (num_pages * page_size, H_kv, D)
+    v_pool = v_pages.view(-1, *v_pages.shape[2:])
+    api.kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs=False)
+
+    out = api.flash_attn_paged_decode(
+        q, k_pages, v_pages, table, seqlens, causal=True, softmax_scale=scaling,
+        window=_window(kwargs.get("sliding_window")), softcap=kwargs.get("softcap"), check_inputs=False,
+    )  # fmt: skip  (B, 1, H, D)
+    return out.reshape(1, batch, *out.shape[2:]), None  # (1, B, H, D)

@@ -6,12 +6,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from . import paged_kernel
 from .attention import attention_forward
 from .masks import register_mask
-from .paged import paged_attention_forward
+from .paged import continuous_batching_forward, paged_attention_forward
 
+_log = logging.getLogger(__name__)
 _registered: set[str] = set()
 
 
@@ -27,7 +31,7 @@ def check_name(name: str) -> None:
 
 
 def register(name: str = "hfpatch") -> None:
-    """Register ``name`` (attention + mask) and ``paged|name`` with transformers. Idempotent."""
+    """Register ``name`` (attention + mask) and the continuous-batching names with transformers. Idempotent."""
     check_name(name)
     if name in _registered:
         return
@@ -36,18 +40,29 @@ def register(name: str = "hfpatch") -> None:
     AttentionInterface.register(name, attention_forward)
     AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     register_mask(name)
+    if not _paged_prefix_supported():
+        # From 5.23 transformers strips "paged|" when it looks a name up, so continuous batching gets a name
+        # of its own (the mask too: the model builds its mask under whatever name it runs).
+        AttentionInterface.register(continuous_batching_name(name), continuous_batching_forward)
+        register_mask(continuous_batching_name(name))
     allow_continuous_batching(name)
     _registered.add(name)
 
 
 def _paged_prefix_supported() -> bool:
-    """transformers < 5.23 calls ``paged|<name>`` for continuous batching; later versions call ``<name>``."""
+    """transformers < 5.23 calls ``paged|<name>`` for continuous batching; later versions strip the prefix."""
     from transformers import AttentionInterface
 
     return "paged|sdpa" in AttentionInterface._global_mapping
 
 
-_cb_names: set[str] = set()
+def continuous_batching_name(name: str) -> str:
+    """The name a model runs under during continuous batching: ``paged|<name>`` before transformers 5.23,
+    ``<name>-paged`` from 5.23 (:func:`hf_flashpatch.backend.paged.continuous_batching_forward`)."""
+    return f"paged|{name}" if _paged_prefix_supported() else f"{name}-paged"
+
+
+_cb_base: dict[str, str] = {}  # each of our names (plain or continuous-batching) -> the plain name
 
 
 def allow_continuous_batching(name: str) -> None:
@@ -55,25 +70,28 @@ def allow_continuous_batching(name: str) -> None:
 
     transformers' ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` knows only its own names: before
     5.23 it may swap an unknown name for ``flash_attention_2`` (when flash-attn is installed), from 5.23 it
-    refuses it. We wrap it so that for our names it picks ``paged|<name>`` (before 5.23) or keeps ``<name>``
-    (5.23+, where our attention function serves the packed batch), and leaves every other name to
-    transformers. The original implementation is restored on ``manager.stop()`` as transformers does.
+    refuses it. We wrap it so that for our names it picks :func:`continuous_batching_name`, and leaves every
+    other name to transformers. The original implementation is restored on ``manager.stop()`` as
+    transformers does. From 5.23 we also let transformers use its block-table decode path for our
+    continuous-batching name (:func:`_allow_block_table_decode`).
     """
-    _cb_names.add(name)
+    for alias in (name, f"paged|{name}", f"{name}-paged"):
+        _cb_base[alias] = name
     try:
         from transformers.generation.continuous_batching.continuous_api import ContinuousBatchingManager
     except ImportError:  # no continuous batching in this transformers
         return
+    _allow_block_table_decode()
     original = ContinuousBatchingManager.switch_to_cb_friendly_attn
     if getattr(original, "_hf_flashpatch_wrapped", False):
         return
 
     def switch_to_cb_friendly_attn(self, model, *args, **kwargs):
         current = model.config._attn_implementation
-        base = current.removeprefix("paged|") if isinstance(current, str) else current
-        if base not in _cb_names:
+        base = _cb_base.get(current) if isinstance(current, str) else None
+        if base is None:
             return original(self, model, *args, **kwargs)
-        target = f"paged|{base}" if _paged_prefix_supported() else base
+        target = continuous_batching_name(base)
         if target != current:
             model.set_attn_implementation(target)
             self._original_attn_impl = current
@@ -83,6 +101,52 @@ def allow_continuous_batching(name: str) -> None:
     switch_to_cb_friendly_attn.__wrapped__ = original
     switch_to_cb_friendly_attn.__doc__ = original.__doc__
     ContinuousBatchingManager.switch_to_cb_friendly_attn = switch_to_cb_friendly_attn
+
+
+def _allow_block_table_decode() -> None:
+    """Keep transformers' decode fast path on for our continuous-batching name (transformers >= 5.23).
+
+    transformers turns the path off (``max_blocks_per_request = 0``) unless the model runs flash-attn on
+    CUDA, because only ``flash_attn_with_kvcache`` can serve it. Ours can
+    (:func:`hf_flashpatch.backend.paged_kernel.block_table_attention`), so for our name we keep what the
+    config asks for when every layer group keeps a block table (no sliding-window layers) and
+    :func:`~hf_flashpatch.backend.paged_kernel.block_table_route_unavailable` sees no reason against it;
+    otherwise we turn it off as transformers would. Other names go to transformers' check.
+    """
+    try:
+        from transformers.generation.continuous_batching import initialization
+    except ImportError:
+        return
+    original = getattr(initialization, "ensure_decode_fast_path_is_available", None)
+    if original is None or getattr(original, "_hf_flashpatch_wrapped", False) or _paged_prefix_supported():
+        return
+
+    def ensure_decode_fast_path_is_available(config, cb_config, user_requested=False, *args, **kwargs):
+        current = getattr(config, "_attn_implementation", None)
+        base = _cb_base.get(current) if isinstance(current, str) else None
+        if base is None or current != continuous_batching_name(base):
+            return original(config, cb_config, user_requested, *args, **kwargs)
+        if cb_config.max_blocks_per_request == 0:  # turned off by the caller
+            return None
+        try:
+            groups = initialization.group_layers_by_attn_type(config)
+            keeps_tables = all(initialization.ATTN_TYPE_TO_ALLOCATOR[g].supports_block_table for g in groups)
+        except (AttributeError, KeyError):  # a transformers whose cache we do not know: its own verdict
+            return original(config, cb_config, user_requested, *args, **kwargs)
+        reason = None if keeps_tables else f"layer groups {sorted(groups)} do not all keep a block table"
+        reason = reason or paged_kernel.block_table_route_unavailable()
+        if reason is not None:
+            if user_requested:
+                _log.warning(
+                    "max_blocks_per_request=%s asked for the decode fast path, but %s cannot serve it here (%s)",
+                    cb_config.max_blocks_per_request, current, reason,
+                )  # fmt: skip
+            cb_config.max_blocks_per_request = 0
+        return None
+
+    ensure_decode_fast_path_is_available._hf_flashpatch_wrapped = True
+    ensure_decode_fast_path_is_available.__wrapped__ = original
+    initialization.ensure_decode_fast_path_is_available = ensure_decode_fast_path_is_available
 
 
 def patch(model: torch.nn.Module, *, name: str = "hfpatch") -> torch.nn.Module:

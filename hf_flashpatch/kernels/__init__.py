@@ -12,6 +12,7 @@ Modules (each exposes plain functions on torch tensors and raises
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -38,3 +39,13 @@ def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
     if major < 8:
         return f"compute capability {major}.{minor} < 8.0"
     return _toolchain_problem()
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_fallback_once(kernel: str, reason: str) -> None:
+    """One warning per (kernel, reason) when a CUDA call takes the torch path inside an op."""
+    if (kernel, reason) not in _warned:
+        _warned.add((kernel, reason))
+        warnings.warn(f"hf_flashpatch: {kernel} kernel not used ({reason}); taking the torch fallback", stacklevel=3)

@@ -259,8 +259,8 @@ def all_builds() -> list[KernelBuild]:
 
 # ------------------------------------------------------------------------------------ launching
 
-_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 3  # ..., left, right, heavy_first
-_ARGS_DQ = "P" * 9 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 2
+_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 5  # ..., left, right, total_q, total_k, heavy_first
+_ARGS_DQ = "P" * 9 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 4
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -351,7 +351,8 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     dk = alloc(k.shape, dtype=k.dtype, device=device)
     dv = alloc(v.shape, dtype=v.dtype, device=device)
     scalars = (seqlen_q, seqlen_k, heads, kv_heads, rows_pad, scale, scale * LOG2E,
-               scale / softcap if softcap else 0.0, softcap * LOG2E, left, right)  # fmt: skip
+               scale / softcap if softcap else 0.0, softcap * LOG2E, left, right,
+               q.shape[0], k.shape[0])  # fmt: skip  (varlen: total rows, the bound of every cu_seqlens read)
     inputs = (q, k, v, dout, lse2, dvec)
     all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))
     cu = (cu_q, cu_k) if varlen else (None, None)
@@ -405,9 +406,11 @@ def _backward_impl(
         return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
     except KernelUnsupported as exc:
-        _warn_once(str(exc))
-    return torch_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left,
-                          window_right, softcap)  # fmt: skip
+        if q.is_cuda:
+            _warn_once(str(exc))
+    grads = torch_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left,
+                           window_right, softcap)  # fmt: skip
+    return tuple(g.contiguous() for g in grads)  # contiguous, as the kernel's (and the fake's) are
 
 
 def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -30,6 +30,7 @@ import math
 import torch
 
 from ..errors import KernelUnsupported
+from . import forward_torch, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
@@ -52,8 +53,8 @@ from .decode_config import (  # noqa: F401 - re-exported: the decode module is w
 
 
 # Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
-_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPiPqiP" + "PqqqPqqqPP" + "iiiiiiffii"
-_APPEND_ARG_TYPES = "PPqqqqPPqqqqPiii"
+_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPPiPqiPi" + "PqqqPqqqPP" + "iiiiiiffii"
+_APPEND_ARG_TYPES = "PPqqqqPPqqqqPiiiq"
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
 
 # ------------------------------------------------------------------------------------ heuristics
@@ -114,7 +115,7 @@ def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
 def _launch(
     *, addressing, q, q_strides, cu_q, seqlen_q, total_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
     index_stride, page_size, cu_k, out, out_strides, lse, lse_strides, batch, heads, kv_heads, typical_keys,
-    softmax_scale, softcap, window_left, window_right,
+    softmax_scale, softcap, window_left, window_right, key_starts=None,
 ):  # fmt: skip
     """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
     config = variant_config(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap), selected_variant())
@@ -138,11 +139,12 @@ def _launch(
     score_mul, softcap_mul = _scales(q.shape[-1], softmax_scale, softcap)
     args = (
         q, *q_strides, cu_q, seqlen_q,
-        k, v, *k_strides, *v_strides, seqlens, default_seqlen, index, index_stride, page_size, cu_k,
+        k, v, *k_strides, *v_strides, seqlens, key_starts, default_seqlen, index, index_stride, page_size, cu_k,
+        k.shape[0],  # pool rows: the kernel clamps page ids / slots into them (cuda/decode_kv_address.cuh)
         out, *out_strides, lse, *lse_strides, o_part, lse_part,
         batch, heads, kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right,
     )  # fmt: skip
-    tensors = [t for t in (q, cu_q, k, v, seqlens, index, cu_k, out, lse, o_part, lse_part) if t is not None]
+    tensors = [t for t in (q, cu_q, k, v, seqlens, key_starts, index, cu_k, out, lse, o_part, lse_part) if t is not None]
     split_kernel(
         (row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), *args,
         shared_bytes=config.shared_bytes, tensors=tensors,
@@ -159,10 +161,24 @@ def _launch(
 @torch.library.custom_op("hf_flashpatch::decode", mutates_args=())
 def _decode_op(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
-    softmax_scale: float, window_left: int, window_right: int, softcap: float,
+    key_starts: torch.Tensor | None, softmax_scale: float, window_left: int, window_right: int, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Row ``b`` sees keys ``[key_starts[b], cache_seqlens[b])`` (defaults 0 and ``S_cache``). The kernel
+    where it serves the call, else the exact torch path (CPU; CUDA calls it declines, warning once)."""
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
+    try:
+        unavailable = kernels_unavailable_reason(q)
+        if unavailable is not None:
+            raise KernelUnsupported(unavailable)
+        _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
+    except KernelUnsupported as exc:
+        if q.is_cuda:
+            warn_fallback_once("decode", str(exc))
+        return forward_torch.attention_with_lse(
+            q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, key_starts, cache_seqlens
+        )
+    q = _aligned_q(q)
     out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
     _launch(
@@ -171,7 +187,7 @@ def _decode_op(
         seqlens=cache_seqlens, default_seqlen=k_cache.shape[1], index=None, index_stride=0, page_size=1, cu_k=None,
         out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(), batch=batch, heads=heads,
         kv_heads=kv_heads, typical_keys=k_cache.shape[1], softmax_scale=softmax_scale, softcap=softcap,
-        window_left=window_left, window_right=window_right,
+        window_left=window_left, window_right=window_right, key_starts=key_starts,
     )  # fmt: skip
     return out, lse
 
@@ -199,7 +215,8 @@ def _paged_decode_op(
     _launch(
         addressing="block_table", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q, total_q=batch * seqlen_q,
         k=k_pages, v=v_pages, k_strides=k_pages.stride()[:3], v_strides=v_pages.stride()[:3],
-        seqlens=seqlens_k, default_seqlen=0, index=page_table, index_stride=page_table.stride(0),
+        seqlens=seqlens_k, default_seqlen=page_table.shape[1] * page_size if k_pages.shape[0] else 0, index=page_table,
+        index_stride=page_table.stride(0),
         page_size=page_size, cu_k=None, out=out, out_strides=out.stride()[:3], lse=lse, lse_strides=lse.stride(),
         batch=batch, heads=heads, kv_heads=kv_heads, typical_keys=page_table.shape[1] * page_size,
         softmax_scale=softmax_scale, softcap=softcap, window_left=window_left, window_right=window_right,
@@ -230,7 +247,8 @@ def _slot_decode_op(
         addressing="slot", q=q, q_strides=(0, q.stride(0), q.stride(1)), cu_q=cu_seqlens_q, seqlen_q=max_seqlen_q,
         total_q=total_q,
         k=k_pool, v=v_pool, k_strides=(0, k_pool.stride(0), k_pool.stride(1)),
-        v_strides=(0, v_pool.stride(0), v_pool.stride(1)), seqlens=None, default_seqlen=0, index=slots,
+        v_strides=(0, v_pool.stride(0), v_pool.stride(1)), seqlens=None,
+        default_seqlen=slots.shape[0] if k_pool.shape[0] else 0, index=slots,
         index_stride=0, page_size=1, cu_k=cu_seqlens_k, out=out, out_strides=(0, out.stride(0), out.stride(1)),
         lse=lse, lse_strides=(0, lse.stride(0), lse.stride(1)), batch=batch, heads=heads, kv_heads=kv_heads,
         typical_keys=max(1, slots.shape[0] // batch), softmax_scale=softmax_scale, softcap=softcap,
@@ -269,7 +287,7 @@ def _kv_append_op(
         k_new, v_new, k_new.stride(0) // chunk, k_new.stride(1) // chunk, v_new.stride(0) // chunk,
         v_new.stride(1) // chunk, k_pool, v_pool, k_pool.stride(0) // chunk, k_pool.stride(1) // chunk,
         v_pool.stride(0) // chunk, v_pool.stride(1) // chunk, slots, num_tokens, kv_heads, row_chunks,
-        tensors=(k_new, v_new, k_pool, v_pool, slots),
+        min(k_pool.shape[0], v_pool.shape[0]), tensors=(k_new, v_new, k_pool, v_pool, slots),
     )  # fmt: skip
 
 
@@ -281,19 +299,29 @@ def _(k_new, v_new, k_pool, v_pool, slots):
 # ------------------------------------------------------------------------------------ public functions
 
 
-def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale, window_left, window_right, softcap):
+def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale, window_left, window_right, softcap,
+                   key_starts=None, torch_fallback=False):  # fmt: skip
     """Contiguous cache. q ``(B, S_q, H, D)``; k/v cache ``(B, S_cache, H_kv, D)`` with any strides
     (last dim contiguous; a transformers ``(B, H_kv, S, D)`` cache passed as ``.transpose(1, 2)`` is
-    read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache). ``causal`` means
-    ``window_right = 0`` (bottom-right aligned). Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``."""
+    read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache); ``key_starts`` int32 ``(B,)``
+    or None (= 0): row ``b`` sees keys ``[key_starts[b], cache_seqlens[b])`` (left padding), and its
+    queries are the last tokens of that range. ``causal`` means ``window_right = 0`` (bottom-right
+    aligned). Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``.
+
+    Raises :class:`KernelUnsupported` up front for calls the kernel does not serve; with
+    ``torch_fallback=True`` the op serves them with its torch path (a run-time choice inside the op, so
+    the call traces to one graph node under ``torch.compile``)."""
     window_right = _causal_right(causal, window_right)
     batch, seqlen_q, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
-    _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
+    if not torch_fallback:
+        _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
     if cache_seqlens is not None:
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
+    if key_starts is not None:
+        key_starts = key_starts.to(device=q.device, dtype=torch.int32).contiguous()
     return _decode_op(
-        _aligned_q(q), k_cache, v_cache, cache_seqlens, _scale_or_default(q, softmax_scale),
+        q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
         int(window_left), int(window_right), float(softcap or 0.0),
     )  # fmt: skip
 

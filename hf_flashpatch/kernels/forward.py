@@ -30,12 +30,15 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import KernelUnsupported
+from . import forward_torch
+from . import kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .tiles import VARIANTS, TileShape, forward_tile_shape
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _LOG2E = 1.4426950408889634
+_ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ELEM_BYTES = 2
 _MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
 _ENTRY = "hfp_attention_forward"
@@ -43,7 +46,7 @@ _ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 _SWIZZLE_ALIGN_SLACK = 1024  # the wgmma body rounds its shared-memory base up to a 1024-byte swizzle atom
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
-_ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff"
+_ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff" + "ii"
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,12 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     if num_seqs > 65535 or kv_heads > 65535:
         raise KernelUnsupported(f"grid limit: at most 65535 sequences and kv heads, got {num_seqs} and {kv_heads}")
 
-    scale = softmax_scale if softmax_scale else 1.0 / math.sqrt(head_dim)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)  # 0.0 is a scale of 0
+    if scale < 0:  # the online softmax takes the running max of the raw scores: right for scale >= 0 only
+        raise KernelUnsupported(f"the forward kernel takes softmax_scale >= 0, got {scale}")
+    if scale == 0:  # every score is 0 (softcap * tanh(0) too), but the kernel folds the scale into exp2
+        # after masking with -inf, and -inf * 0 is NaN; exp2(score * _ZERO_SCALE) rounds to exactly 1.
+        scale, softcap = _ZERO_SCALE, 0.0
     if softcap and softcap > 0:  # softcap * tanh(s * scale / softcap), the outer factor folded into the exp2 scale
         scale_log2, softcap_pre = softcap * _LOG2E, scale / softcap
     else:
@@ -252,6 +260,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, scale_log2, softcap_pre,
+        q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
         shared_bytes=config.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip
@@ -274,10 +283,24 @@ def attention_forward_op(
     softcap: float,
     deterministic: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The op behind :func:`attention_forward` (softcap 0.0 = off). The forward pass is deterministic
-    regardless of ``deterministic``, which the backward reads."""
-    return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap)  # fmt: skip
+    """The op behind :func:`attention_forward` (softcap 0.0 = off): the kernel where it serves the call,
+    else the exact torch path of :mod:`.forward_torch` (CPU, and CUDA calls the kernel declines, with one
+    warning per reason). The forward pass is deterministic regardless of ``deterministic``, which the
+    backward reads."""
+    try:
+        unavailable = kernels_unavailable_reason(q)
+        if unavailable is not None:
+            raise KernelUnsupported(unavailable)
+        return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                       window_left, window_right, softcap)  # fmt: skip
+    except KernelUnsupported as exc:
+        if q.is_cuda:
+            warn_fallback_once("forward", str(exc))
+    left, right = _normalized_window(causal, window_left, window_right)
+    if cu_seqlens_q is not None:
+        return forward_torch.varlen_attention_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, left,
+                                                       right, softcap)  # fmt: skip
+    return forward_torch.attention_with_lse(q, k, v, softmax_scale, left, right, softcap)
 
 
 @attention_forward_op.register_fake
@@ -294,13 +317,16 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
 def attention_forward(
     q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
     causal: bool, softmax_scale: float | None, window_left: int, window_right: int, softcap: float | None,
-    deterministic: bool = False,
+    deterministic: bool = False, torch_fallback: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Run the forward kernel; returns ``(out, lse)`` (layouts in the module docstring).
 
-    Raises :class:`KernelUnsupported` for inputs the kernel does not serve, before anything runs.
+    Raises :class:`KernelUnsupported` for inputs the kernel does not serve, before anything runs; with
+    ``torch_fallback=True`` the op computes such calls with its torch path instead, a choice made at run
+    time inside the op, so the call traces to one graph node under ``torch.compile`` on every device.
     """
-    _check_supported(q, k, v)
+    if not torch_fallback:
+        _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError(f"pass both cu_seqlens_q and cu_seqlens_k or neither, got {cu_seqlens_q!r}, {cu_seqlens_k!r}")

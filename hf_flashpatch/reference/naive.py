@@ -4,7 +4,7 @@ Layout: q ``(B, S_q, H, D)``, k and v ``(B, S_k, H_kv, D)`` with ``H % H_kv == 0
 reads KV head ``h // (H // H_kv)`` (transformers' ``repeat_kv`` grouping). Returns
 ``out (B, S_q, H, D)`` in q's dtype and ``lse (B, H, S_q)`` in fp32 (fp64 for fp64 inputs; natural log of the softmax
 denominator of the scaled, soft-capped scores). Rows that see no key give ``out = 0`` and
-``lse = -inf``. Slow and memory hungry on purpose: this is the oracle, not a fast path.
+``lse = -inf``; a NaN score gives NaN in its row, as in torch. ``softcap`` None, 0 or inf: no cap. Slow and memory hungry on purpose: this is the oracle, not a fast path.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ def attention_reference(
     kf = k.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
     vf = v.to(acc).transpose(1, 2).repeat_interleave(group, dim=1)  # (B, H, S_k, D)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # (B, H, S_q, S_k)
-    if softcap:
+    if softcap and math.isfinite(softcap):  # inf is no cap (inf * tanh(s / inf) would be NaN)
         scores = softcap * torch.tanh(scores / softcap)
     visible = visibility_mask(seqlen_q, seqlen_k, left, right, device=q.device)[None, None]  # (1, 1, S_q, S_k)
     if key_padding_mask is not None:
         visible = visible & key_padding_mask.bool()[:, None, None, :]  # (B, 1, S_q, S_k)
     scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, S_q)
+    # Rows with no visible key: lse = -inf is clamped to the lowest finite value, so exp(-inf - min)
+    # = 0 and they give zeros, while a NaN score still gives NaN.
     probs = torch.exp(scores - lse.unsqueeze(-1).clamp_min(torch.finfo(acc).min))
-    probs = torch.nan_to_num(probs, nan=0.0)  # rows with no visible key: all zeros
     out = torch.matmul(probs, vf)  # (B, H, S_q, D)
     return out.transpose(1, 2).to(q.dtype), lse
 

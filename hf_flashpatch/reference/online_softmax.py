@@ -7,7 +7,8 @@ For one query row and the keys seen so far, with scaled (soft-capped) scores ``s
 - ``o``: running *unnormalised* output, ``sum_j exp(s_j - m) * v_j``.
 
 Invariant after any number of ``update``/``merge`` calls: ``o / d`` is the softmax-weighted mean of
-the values seen and ``m + log(d)`` is their log-sum-exp. The CUDA kernels keep the same three fields
+the values seen and ``m + log(d)`` is their log-sum-exp. A NaN score makes its row's ``m``, ``d`` and
+``o`` NaN (``torch.maximum`` propagates it), and the row normalises to NaN, as torch's softmax does. The CUDA kernels keep the same three fields
 in registers (forward), or per split in global memory (split-KV decode, combined by ``merge``).
 """
 
@@ -55,8 +56,9 @@ class SoftmaxState:
         )
 
     def normalize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(out, lse)``; rows that saw no key give ``out = 0``, ``lse = -inf``."""
-        seen = self.d > 0
+        """Return ``(out, lse)``; rows that saw no key give ``out = 0``, ``lse = -inf``; rows with a NaN
+        score give NaN (``d != 0`` holds for NaN, where ``d > 0`` would turn it into "no key seen")."""
+        seen = self.d != 0
         out = torch.where(seen.unsqueeze(-1), self.o / self.d.clamp_min(1e-30).unsqueeze(-1), 0.0)
         lse = torch.where(seen, self.m + torch.log(self.d.clamp_min(1e-30)), float("-inf"))
         return out, lse

@@ -53,7 +53,7 @@ def attention_tiled(
         for n0 in range((k_lo // block_n) * block_n, k_hi, block_n):
             n1 = min(n0 + block_n, seqlen_k)
             s = torch.einsum("bkgmd,bknd->bkgmn", qg[:, :, :, m0:m1], kf[:, :, n0:n1]) * scale
-            if softcap:
+            if softcap and math.isfinite(softcap):  # inf is no cap
                 s = softcap * torch.tanh(s / softcap)
             tile_mask = visibility_mask(
                 seqlen_q, seqlen_k, left, right, device=q.device, q_range=(m0, m1), k_range=(n0, n1)

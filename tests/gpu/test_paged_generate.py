@@ -1,10 +1,18 @@
-"""Continuous batching end to end: a small random Llama under ``generate_batch`` with
-``paged|hfpatch`` (our kv_append + slot decode kernels through ``paged_kernel``) gives the same greedy
-tokens as transformers' own paged attention.
+"""Continuous batching end to end: a small random Llama under ``generate_batch`` with our attention gives
+the same greedy tokens as transformers' own attention, and the pool routes of
+``hf_flashpatch.backend.paged_kernel`` run our kernels:
+
+- transformers < 5.23 (``paged|hfpatch``): kv_append through ``write_index``, the slot decode kernel
+  through ``read_index``;
+- transformers >= 5.23 (``hfpatch``, run as ``hfpatch-paged`` during the batch): decode-only steps take
+  the block-table path (kv_append into the block pool, then the paged decode kernel), captured in CUDA
+  graphs with batches padded to a power of 2; the other steps the gathered varlen path.
 
 The cache is small on purpose (pages of 16 tokens, 96 tokens per batch): the 130-token prompt is
 prefilled in chunks (queries over cached keys), decode batches run under CUDA graphs with padded
 inputs, and pages of different requests interleave in the pool."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +21,12 @@ from .greedy import first_divergence_is_near_tie
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
+
+
+def _newest() -> bool:
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version("5.23")
 
 
 def _tiny_llama():
@@ -28,13 +42,23 @@ def _tiny_llama():
         return LlamaForCausalLM(config).to(torch.float16).eval()
 
 
-def _generate(model, prompts, attn, max_new_tokens):
+def _prompts():
+    generator = torch.Generator().manual_seed(1)
+    return [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (5, 17, 64, 130, 33, 1)]
+
+
+def _generate(model, prompts, attn, max_new_tokens, **batching):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    page = "page_size" if "page_size" in fields else "block_size"  # renamed after 5.17
+    if "auto_switch_to_flash" in fields:
+        batching.setdefault("auto_switch_to_flash", False)  # keep "sdpa" sdpa even where flash-attn is installed
     model.set_attn_implementation(attn)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    batching = ContinuousBatchingConfig(block_size=16, num_blocks=64, max_batch_tokens=96, max_requests_per_batch=4)
+    batching = ContinuousBatchingConfig(**{page: 16}, num_blocks=64, max_batch_tokens=96, max_requests_per_batch=4,
+                                        **batching)  # fmt: skip
     # No inference_mode: the batching thread updates tensors that the manager creates on this thread.
     results = model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=batching)
     tokens = {key: list(r.generated_tokens) for key, r in results.items()}
@@ -44,32 +68,66 @@ def _generate(model, prompts, attn, max_new_tokens):
     return tokens
 
 
-def test_generate_batch_matches_transformers_paged_attention(monkeypatch):
-    import hf_flashpatch
-    from hf_flashpatch.kernels import decode
-    from packaging.version import Version
+def _count_successes(monkeypatch, module, names):
+    """Count the calls of ``module.<name>`` that return (a kernel that declines raises before launching)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(module, name)
 
-    if Version(transformers.__version__) >= Version("5.23"):
-        pytest.skip(f"transformers {transformers.__version__} has no paged| attention functions")
-    model = _tiny_llama()
-    generator = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (5, 17, 64, 130, 33, 1)]
-    sdpa = _generate(model, prompts, "paged|sdpa", 24)
-    eager = _generate(model, prompts, "paged|eager", 24)
+        def counting(*args, _name=name, _real=real, **kwargs):
+            out = _real(*args, **kwargs)
+            calls[_name] += 1
+            return out
 
-    calls = {"slot": 0}
-    real = decode.slot_varlen_forward
+        monkeypatch.setattr(module, name, counting)
+    return calls
 
-    def counting(*args, **kwargs):
-        calls["slot"] += 1
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(decode, "slot_varlen_forward", counting)
-    ours = _generate(model, prompts, f"paged|{hf_flashpatch.ATTN_NAME}", 24)
-    assert calls["slot"] > 0, "the slot decode kernel was never called"
-    # Two correct implementations may flip a greedy near-tie; any divergence from sdpa must be one.
+def _check_against_references(model, prompts, ours, refs):
+    """Two correct implementations may flip a greedy near-tie; any divergence from sdpa must be one."""
+    sdpa, eager = refs
     for key in sdpa:
         prompt = prompts[int(key.rsplit("_", 1)[-1])]  # request ids are "req_<index into prompts>"
         ok, where = first_divergence_is_near_tie(model, prompt, ours[key], sdpa[key])
-        assert ok, f"{key}: ours vs paged|sdpa {where} (paged|eager: {eager[key] == ours[key]})"
+        assert ok, f"{key}: ours vs sdpa {where} (eager: {eager[key] == ours[key]})"
     assert sum(ours[key] == sdpa[key] for key in sdpa) >= len(sdpa) - 1
+
+
+def test_generate_batch_matches_transformers_paged_attention(monkeypatch):
+    import hf_flashpatch
+    from hf_flashpatch.kernels import decode
+
+    if _newest():
+        pytest.skip(f"transformers {transformers.__version__} has no paged| attention functions")
+    model = _tiny_llama()
+    prompts = _prompts()
+    refs = _generate(model, prompts, "paged|sdpa", 24), _generate(model, prompts, "paged|eager", 24)
+    calls = _count_successes(monkeypatch, decode, ["kv_append", "slot_varlen_forward"])
+    ours = _generate(model, prompts, f"paged|{hf_flashpatch.ATTN_NAME}", 24)
+    assert calls["slot_varlen_forward"] > 0, "the slot decode kernel was never called"
+    assert calls["kv_append"] > 0, "the kv_append kernel was never called"
+    _check_against_references(model, prompts, ours, refs)
+
+
+@pytest.mark.parametrize("route", ["block_table", "gathered"])
+def test_generate_batch_block_table_route_matches_sdpa(monkeypatch, route):
+    """transformers >= 5.23: the block-table decode path with our kernels, and with it turned off by the
+    caller (``max_blocks_per_request=0``) the gathered varlen path, against sdpa and paged|eager."""
+    import hf_flashpatch
+    from hf_flashpatch.kernels import decode
+
+    if not _newest():
+        pytest.skip(f"transformers {transformers.__version__} calls paged|<name> (the other test)")
+    model = _tiny_llama()
+    prompts = _prompts()
+    refs = _generate(model, prompts, "sdpa", 24), _generate(model, prompts, "paged|eager", 24)
+    calls = _count_successes(monkeypatch, decode, ["kv_append", "paged_decode_forward"])
+    off = dict(max_blocks_per_request=0) if route == "gathered" else {}
+    ours = _generate(model, prompts, hf_flashpatch.ATTN_NAME, 24, **off)
+    assert model.config._attn_implementation == hf_flashpatch.ATTN_NAME  # restored after the batch
+    if route == "block_table":
+        assert calls["paged_decode_forward"] > 0, "the paged decode kernel was never called"
+        assert calls["kv_append"] == calls["paged_decode_forward"], calls  # one append per block-table call
+    else:
+        assert calls == {"kv_append": 0, "paged_decode_forward": 0}, calls
+    _check_against_references(model, prompts, ours, refs)

@@ -1,0 +1,73 @@
+"""The public KV-pool functions on CPU (the torch path): ``kv_append`` writes rows into their slots and
+nothing else; ``flash_attn_slot_varlen_func`` equals varlen attention over the keys gathered through
+the slots. Layout (rows, heads, head_dim)."""
+
+import pytest
+import torch
+
+from hf_flashpatch import api
+from hf_flashpatch.reference import varlen_attention_reference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_append_writes_kept_rows_only(dtype):
+    k_pool, v_pool = torch.randn(10, 2, 8).to(dtype), torch.randn(10, 2, 8).to(dtype)
+    k_before, v_before = k_pool.clone(), v_pool.clone()
+    k_new, v_new = torch.randn(4, 2, 8).to(dtype), torch.randn(4, 2, 8).to(dtype)
+    slots = torch.tensor([3, -1, 9, 0])  # row 1 is padding: it writes nothing
+    api.kv_append(k_new, v_new, k_pool, v_pool, slots)
+    want_k, want_v = k_before.clone(), v_before.clone()
+    want_k[[3, 9, 0]], want_v[[3, 9, 0]] = k_new[[0, 2, 3]], v_new[[0, 2, 3]]
+    assert torch.equal(k_pool, want_k) and torch.equal(v_pool, want_v)
+
+
+def test_kv_append_all_padding_and_block_pool_view():
+    pages = torch.randn(5, 4, 2, 8)  # (num_pages, page_size, H_kv, D): slot = page * 4 + offset
+    before = pages.clone()
+    pool = pages.view(-1, 2, 8)
+    api.kv_append(torch.randn(2, 2, 8), torch.randn(2, 2, 8), pool, pool.clone(), torch.tensor([-1, -3]))
+    assert torch.equal(pages, before)  # nothing kept: not even the anchor slot 0 changes
+    new = torch.randn(1, 2, 8)
+    api.kv_append(new, new.clone(), pool, torch.zeros_like(pool), torch.tensor([3 * 4 + 2]))
+    assert torch.equal(pages[3, 2], new[0]) and torch.equal(pages[:3], before[:3])
+
+
+def test_kv_append_errors_name_what_was_received():
+    pool = torch.zeros(10, 2, 8)
+    new = torch.zeros(2, 2, 8)
+    with pytest.raises(ValueError, match=r"slots\[1\] = 10 is not a slot of this pool \(valid: 0..9"):
+        api.kv_append(new, new, pool, pool.clone(), torch.tensor([0, 10]))
+    with pytest.raises(TypeError, match="share a dtype"):
+        api.kv_append(new.half(), new.half(), pool, pool.clone(), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"same H_kv, D, got \(2, 2, 8\), \(2, 2, 8\), \(10, 1, 8\)"):
+        api.kv_append(new, new, pool[:, :1], pool[:, :1].clone(), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"slots must be \(2,\), got \(3,\)"):
+        api.kv_append(new, new, pool, pool.clone(), torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("causal,softcap", [(True, None), (False, 20.0)])
+def test_slot_varlen_matches_gathered_varlen(causal, softcap):
+    k_pool, v_pool = torch.randn(40, 2, 16), torch.randn(40, 2, 16)
+    lens_q, lens_k = [1, 3, 2], [9, 14, 2]  # a decode step, a prefill chunk over cached keys, a fresh prompt
+    slots = torch.randperm(40)[: sum(lens_k)]
+    cu_q = torch.tensor([0, 1, 4, 6], dtype=torch.int32)
+    cu_k = torch.tensor([0, 9, 23, 25], dtype=torch.int32)
+    q = torch.randn(7, 4, 16)  # one padding row past cu_q[-1]
+    out, lse = api.flash_attn_slot_varlen_func(
+        q, k_pool, v_pool, slots, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, softcap=softcap,
+        return_lse=True,
+    )  # fmt: skip
+    ref, ref_lse = varlen_attention_reference(q, k_pool[slots], v_pool[slots], cu_q, cu_k, causal=causal,
+                                              softcap=softcap)  # fmt: skip
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=1e-5)
+    assert torch.all(out[6] == 0)
+
+
+def test_slot_varlen_refuses_slots_outside_the_pool():
+    k_pool = torch.randn(8, 2, 16)
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"slots\[1\] = 8 is not a slot of this pool \(valid: 0..7\)"):
+        api.flash_attn_slot_varlen_func(torch.randn(2, 4, 16), k_pool, k_pool, torch.tensor([0, 8]), cu, cu, 2, 2)
+    with pytest.raises(TypeError, match=r"slots must be a 1-D int32/int64 tensor, got torch.float32"):
+        api.flash_attn_slot_varlen_func(torch.randn(2, 4, 16), k_pool, k_pool, torch.zeros(2), cu, cu, 2, 2)
