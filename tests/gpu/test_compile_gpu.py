@@ -46,7 +46,7 @@ def test_compiled_static_cache_generate_is_the_eager_generate():
         again = model.generate(input_ids=ids, attention_mask=mask, **kwargs)  # replays the CUDA graphs
     assert not [w for w in caught if FALLBACK_MARK in str(w.message)]
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert counters["frames"]["ok"] >= 1  # it did compile
     assert torch.equal(again, compiled)
     # eager decodes padded rows through varlen, compiled through the decode kernel's key ranges: bf16
     # rounding differs, so a row may only diverge at a near-tie
