@@ -174,6 +174,12 @@ def once_per_forward(tensor: torch.Tensor, tag, layer_idx, compute):
     return value
 
 
+def _written_slots(mask: torch.Tensor) -> int:
+    """One past the last True column of a ``(B, S)`` mask (a static buffer's written slots)."""
+    columns = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return int(torch.where(mask.bool(), columns, 0).amax())
+
+
 def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device, layer_idx=None) -> _UnpadPlan:
     """The plan for ``key_mask`` ``(B, S_mask)``, computed once per forward rather than once per layer
     (it costs host syncs; see :func:`once_per_forward`)."""
@@ -261,7 +267,11 @@ def attention_forward(
         return out.contiguous(), None
     layer = getattr(module, "layer_idx", None)
     if attention_mask is not None:
-        if attention_mask.shape[1] < k.shape[1]:  # a StaticCache: keys past the mask are not written yet
+        if attention_mask.shape[1] == k.shape[1] and q.shape[1] < k.shape[1]:  # a static buffer: its mask covers
+            # every slot, False past the written ones; keep the written part, as transformers' own mask has it
+            written = once_per_forward(attention_mask, "written", layer, _written_slots)
+            attention_mask = attention_mask[:, :written]
+        if attention_mask.shape[1] < k.shape[1]:  # keys past the mask are not written yet
             k, v = k[:, : attention_mask.shape[1]], v[:, : attention_mask.shape[1]]  # (B, S_mask, H_kv, D)
         if once_per_forward(attention_mask, "all-real", layer, lambda m: bool(m.all())):
             attention_mask = None

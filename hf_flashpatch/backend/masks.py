@@ -23,9 +23,12 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
     """``None`` or a ``(batch_size, S <= kv_length)`` bool mask; same arguments as transformers' mask functions.
 
     Under ``torch.compile`` no value may decide the result (transformers' ``flash_attention_mask`` asks
-    ``attention_mask.all()``), so there it is :func:`traced_key_mask` instead.
+    ``attention_mask.all()``), so there it is :func:`traced_key_mask` instead. So it is, too, for a static
+    cache (its layers report ``q_offset`` as a tensor): ``generate`` builds the mask of a compiled decode
+    step outside the compiled region, and only a mask whose shape stays the same at every step lets that
+    region run as one CUDA graph.
     """
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not isinstance(q_offset, int):
         return traced_key_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
                                kwargs.get("device"))  # fmt: skip
     from transformers.masking_utils import flash_attention_mask

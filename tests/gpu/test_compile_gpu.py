@@ -58,22 +58,32 @@ def test_compiled_static_cache_generate_is_the_eager_generate():
         assert ok, f"row {row}: {why}"
 
 
+def _loss_and_grads(model, ids, labels, kwargs, compiled=False):
+    model.zero_grad()
+    run = torch.compile(model, fullgraph=True) if compiled else model
+    loss = run(input_ids=ids, labels=labels, use_cache=False, **kwargs).loss
+    loss.backward()
+    return loss.float(), [p.grad.float().clone() for p in model.parameters()]
+
+
 @pytest.mark.parametrize("masked", [False, True])
-def test_compiled_training_step_matches_eager(masked):
-    model = tiny_llama("hfpatch").train()
+def test_compiled_training_step_meets_the_oracle_bound(masked):
+    """Loss and gradients of a compiled bf16 step against the same weights in fp32 (eager sdpa): within
+    twice the error of eager bf16 sdpa, plus a small floor (inductor fuses and re-rounds the other ops)."""
     ids, mask = _left_padded([113, 113] if not masked else [113, 64])
     kwargs = dict(attention_mask=mask) if masked else {}
     labels = ids.masked_fill(mask == 0, -100)
-    compiled = torch.compile(model, fullgraph=True)
-    loss = compiled(input_ids=ids, labels=labels, use_cache=False, **kwargs).loss
-    loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    want = model(input_ids=ids, labels=labels, use_cache=False, **kwargs).loss
-    want.backward()
-    torch.testing.assert_close(loss, want, atol=2e-2, rtol=2e-2)
-    for got, p in zip(grads, model.parameters()):
-        torch.testing.assert_close(got.float(), p.grad.float(), atol=5e-2, rtol=5e-2)
+    model = tiny_llama("hfpatch").train()
+    got_loss, got = _loss_and_grads(model, ids, labels, kwargs, compiled=True)
+    model.set_attn_implementation("sdpa")
+    half_loss, half = _loss_and_grads(model, ids, labels, kwargs)
+    model.float()
+    ref_loss, ref = _loss_and_grads(model, ids, labels, kwargs)
+    assert counters["frames"]["ok"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+    assert (got_loss - ref_loss).abs() <= 2 * (half_loss - ref_loss).abs() + 1e-2
+    for g, h, r in zip(got, half, ref):
+        scale = r.abs().max().clamp_min(1e-6)
+        assert (g - r).abs().max() / scale <= 2 * (h - r).abs().max() / scale + 2e-2
 
 
 KEY_RANGE_CASES = [
