@@ -11,9 +11,12 @@ Layout everywhere: ``(batch, seqlen, heads, head_dim)``; K/V may have fewer head
 from .api import (
     flash_attn_func,
     flash_attn_paged_decode,
+    flash_attn_slot_varlen_func,
     flash_attn_varlen_func,
     flash_attn_with_kvcache,
+    kv_append,
 )
+from .convert import ConversionError
 from .errors import KernelUnsupported, PagePoolExhausted
 
 # The name registered with transformers. It must not contain "flash", "sdpa", "flex_attention" or
@@ -24,12 +27,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ATTN_NAME",
+    "ConversionError",
     "KernelUnsupported",
     "PagePoolExhausted",
     "flash_attn_func",
     "flash_attn_paged_decode",
+    "flash_attn_slot_varlen_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
+    "kv_append",
     "patch",
 ]
 
