@@ -41,9 +41,6 @@
 #ifndef RS_UNROLL  // unroll of the query loop of the dV / dK GEMMs
 #define RS_UNROLL 8
 #endif
-#ifndef PREFETCH_AFTER_SYNC  // bwd_dkdv: issue the next query tile's loads after the step's first barrier
-#define PREFETCH_AFTER_SYNC 0
-#endif
 #ifndef DQ_WARP_ROWS  // query rows per warp in bwd_dkdv's dQ product (16 or 32)
 #define DQ_WARP_ROWS 16
 #endif
@@ -217,10 +214,10 @@ struct Scores {
 // blocks out x fastest. heavy_first = 1: grid (kv heads, key blocks, batch), so block 0 of every KV head of a
 // sequence starts first, then block 1, and so on; key block n is seen by the queries from about n on (causal,
 // bottom-right) or by a constant number (window), so that is heaviest-first order. With few blocks per SM (one
-// 4k-8k sequence, 8 KV heads: 256-512 blocks on 132 SMs) the long blocks then no longer start in the last wave
-// (+51 % at 4k). heavy_first = 0: grid (key blocks, kv heads, batch), all blocks of one head together; with many
+// 4k-8k sequence, 8 KV heads: 256-512 blocks on 132 SMs) the long blocks then no longer start in the last wave.
+// heavy_first = 0: grid (key blocks, kv heads, batch), all blocks of one head together; with many
 // waves the tail is negligible and this keeps one head's Q / dO and dQ workspace in L2 for the blocks running at
-// once (heads-fastest order measured -3 to -4 % with 16-32 heads at 16k). Coordinates come straight from blockIdx
+// once (notes/backward.md has both orders' measurements). Coordinates come straight from blockIdx
 // (computing them with a division by kv_heads cost the tiled d128 build a 12-byte spill). Only the Hopper body takes
 // the choice; the mma.sync bodies always run heaviest first (the select cost the d256 build an 8-byte spill), and
 // dkdv_grid launches them so.

@@ -77,19 +77,10 @@ __device__ __forceinline__ void dkdv_body(
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step & 1;
-#if PREFETCH_AFTER_SYNC
-    // Two barriers per step: once every warp is past this one it has finished the previous step, so
-    // the other stage (and dS^T) may be overwritten; the prefetch is issued after it.
-    cp_async_wait<0>();
-    __syncthreads();
-    if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
-    cp_async_commit();
-#else
     if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-#endif
 
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kBlockM;
@@ -199,9 +190,7 @@ __device__ __forceinline__ void dkdv_body(
         }
       }
     }
-#if !PREFETCH_AFTER_SYNC
     __syncthreads();  // stage and dS^T are overwritten next step
-#endif
   }
   cp_async_wait<0>();
 

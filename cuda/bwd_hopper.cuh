@@ -19,11 +19,9 @@
 //                     MN-major: d128 splits dQ's columns, 64 per warpgroup; d64 (64 columns, one
 //                     wgmma n64) alternates the warpgroup that computes it from step to step.
 //                     dQ is added to the fp32 workspace with atomics, as in the other bodies.
-// Two barriers per step: (A) the step's Q/dO stage landed and both warpgroups retired the previous
-// step (so the other stage and the dS^T tile may be overwritten; the next prefetch is issued after
-// it), (B) both halves of dS^T are in shared memory. BWD_ASYNC_STAGES (the default on Hopper, variant
-// wgmma_async) replaces (A) by a per-stage mbarrier over three stages and double-buffers dS^T, so (B)
-// is the only point where the warpgroups wait for each other (see kHAsync below).
+// Q/dO stages are handed over by per-stage mbarriers over three stages and dS^T is double-buffered, so
+// the one point per step where the warpgroups wait for each other is the barrier (B): both halves of
+// dS^T are in shared memory (see kHQStages below).
 #pragma once
 #include "hopper.cuh"
 
@@ -31,15 +29,15 @@ namespace hfp {
 namespace bwd {
 
 constexpr int kHBlockN = 128;  // keys per block: two warpgroups x 64
-#ifndef BWD_WGMMA_BLOCK_M  // queries per step: 64, or 128 at d64 (variant wgmma_m128)
+#ifndef BWD_WGMMA_BLOCK_M  // queries per step: 128 at d64, 64 at d128
 #define BWD_WGMMA_BLOCK_M 64
 #endif
 constexpr int kHBlockM = BWD_WGMMA_BLOCK_M;
-// 128-query steps (d64): S^T / dP^T are 64 x 128 per warpgroup (wgmma n128), half the steps and so half the
-// per-step waits, barriers and stage hand-overs per FLOP; dQ (128 queries x 64) splits by query rows, each
-// warpgroup its 64 over all 128 keys, every step (no alternation).
+// d64 takes 128-query steps: S^T / dP^T are 64 x 128 per warpgroup (wgmma n128), half the steps and so half
+// the per-step waits, barriers and stage hand-overs per FLOP; dQ (128 queries x 64) splits by query rows, each
+// warpgroup its 64 over all 128 keys. d128 keeps 64-query steps (registers) and splits dQ's columns.
 constexpr bool kHDqRows = kHBlockM == 128;
-static_assert(kHBlockM == 64 || (kHBlockM == 128 && kD == 64), "128-query steps are a d64 form (registers)");
+static_assert(kHBlockM == (kD == 64 ? 128 : 64), "d64 runs 128-query steps, d128 64-query steps");
 constexpr int kHSub = kD / 64;  // 64-column sub-tiles of a SW128 Q/K/V/dO tile
 constexpr int kHRowBytes = sm90::kSwizzleRowBytes;
 constexpr int kHKvBytes = kHBlockN * kD * 2;  // K or V tile
@@ -47,53 +45,28 @@ constexpr int kHQBytes = kHBlockM * kD * 2;   // one stage of Q or dO
 constexpr int kHDsBytes = kHBlockN * kHBlockM * 2;  // dS^T: 128 keys x kHBlockM queries, 64-query sub-tiles
 constexpr int kHDsSubBytes = kHBlockN * kHRowBytes;   // one sub-tile: 128 keys x 64 queries (one 128-byte row each)
 constexpr int kHDqCols = 64;  // dQ columns per wgmma (d128: one half per warpgroup; d64: all of them)
-constexpr bool kHDqSplit = kD == 128;          // d128: both warpgroups every step; d64: alternate
+constexpr bool kHDqSplit = kD == 128;  // d128: dQ's columns split; d64 (kHDqRows): its query rows
 // d128: dK/dV (128 registers) + P^T/dS^T fragments (32) + dQ (32) spill (8 B with --use_fast_math), so dV and
 // dK retire before dQ is issued; d64 keeps all three products in flight together.
 constexpr bool kHRetireBeforeDq = kD == 128;
-#ifndef BWD_WGMMA_PIPELINED  // 1: P^T is formed while dP^T runs, dS^T while dV runs (not with softcap)
-#define BWD_WGMMA_PIPELINED 1
-#endif
-constexpr bool kHPipelined = BWD_WGMMA_PIPELINED != 0 && !HAS_SOFTCAP;
-#ifndef BWD_WGMMA_DQ_OWN  // 1 (d64): each warpgroup adds dQ's partial over its own 64 keys every step
-#define BWD_WGMMA_DQ_OWN 0
-#endif
-// dQ_w = dS_w K_w over the warpgroup's own keys: only its own dS^T rows are read, so the barrier between
-// storing dS^T and dQ joins the warpgroup's 128 threads instead of the block, both warpgroups do the same
-// work every step (the alternating form gives one of them the whole 128-key product), and neither waits for
-// the other until the next step's stage barrier. Costs twice the dQ atomics (two 64 x 64 partials per step).
-constexpr bool kHDqOwnKeys = BWD_WGMMA_DQ_OWN != 0;
-static_assert(!kHDqOwnKeys || (kD == 64 && !kHDqRows), "per-warpgroup dQ partials are a d64 form (d128 splits dQ's columns)");
-#ifndef BWD_DQ_BULK  // 1: dQ partials go through shared memory to the copy engine's bulk fp32 reduction
-#define BWD_DQ_BULK 0
-#endif
-// Instead of 16 float2 atomics per thread and step, the warpgroup stages its 64 x 64 fp32 dQ partial in shared
-// memory (rows padded to 272 bytes: two wavefronts per store, the fewest for 8 rows x 32 bytes) and 64 of its
-// threads each hand one 256-byte row to cp.reduce.async.bulk, which adds it in L2 while the warps go on.
-constexpr bool kHDqBulk = BWD_DQ_BULK != 0;
-constexpr int kHDqStageRowBytes = kHDqCols * 4 + 16;
-constexpr int kHDqStageBytes = kHBlockM * kHDqStageRowBytes;  // one warpgroup's staging buffer
-#ifndef BWD_ASYNC_STAGES  // 1: Q/dO stages handed over by mbarriers, no block barrier at the start of a step
-#define BWD_ASYNC_STAGES 0
-#endif
+// Without softcap, P^T is formed while dP^T runs and dS^T while dV runs; softcap needs 1 - tanh^2 of each
+// score for dS^T, so P^T and dS^T are formed in one pass after both products.
+constexpr bool kHPipelined = !HAS_SOFTCAP;
 // Three Q/dO (+ lse, D) stages whose arrival each thread signals on the stage's mbarrier (after waiting for
-// its own copies one step later), and two dS^T buffers: the stage barrier (A) goes, so the warpgroup that
-// skips dQ in a step (d64 alternates it) starts the next step's S^T / dP^T while the other computes dQ,
-// and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s: both warpgroups
-// are past it then. dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own.
-constexpr bool kHAsync = BWD_ASYNC_STAGES != 0;
-constexpr int kHQStages = kHAsync ? 3 : 2;
-constexpr int kHDsBuffers = kHAsync ? 2 : 1;
-static_assert(!(kHAsync && (kHDqOwnKeys || kHDqBulk)), "asynchronous stages are built for the default dQ form");
+// its own copies one step later), and two dS^T buffers: no block barrier at a step's start, so a warpgroup
+// that finishes its dQ share first starts the next step's S^T / dP^T, and the two warpgroups meet only at
+// (B). Stage s - 1 is refilled after (B) of step s: both warpgroups are past it then. dS^T of step s + 1
+// goes to the other buffer while dQ of step s may still read its own.
+constexpr int kHQStages = 3;
+constexpr int kHDsBuffers = 2;
 static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
-// kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the dQ staging (kHDqBulk) or the stage mbarriers
-// (kHAsync). hf_flashpatch/kernels/backward.py mirrors this sum.
+// kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the stage mbarriers.
+// hf_flashpatch/kernels/backward.py mirrors this sum.
 constexpr int kHSmemBytes = 2 * kHKvBytes + 2 * kHQStages * kHQBytes + kHDsBuffers * kHDsBytes +
-                            2 * kHQStages * kHBlockM * 4 + (kHDqBulk ? 2 * kHDqStageBytes : 0) +
-                            (kHAsync ? 8 * kHQStages : 0);
+                            2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -180,10 +153,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
   const uint32_t lse_t = ds_t + kHDsBuffers * kHDsBytes;
   float* lse_s = reinterpret_cast<float*>(smem_raw + (lse_t - raw));  // (kHQStages, 64)
   float* dvec_s = lse_s + kHQStages * kHBlockM;                        // (kHQStages, 64)
-  // After lse / D (16-byte aligned): kHDqBulk's (2 warpgroups, 64 query rows, kHDqStageRowBytes) dQ staging,
-  // or kHAsync's (kHQStages,) stage mbarriers
-  const uint32_t dq_stage = lse_t + 2 * kHQStages * kHBlockM * 4;
-  const uint32_t full_bars = dq_stage;
+  const uint32_t full_bars = lse_t + 2 * kHQStages * kHBlockM * 4;  // (kHQStages,) stage mbarriers, 8-aligned
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;
@@ -229,30 +199,20 @@ __device__ __forceinline__ void dkdv_wgmma_body(
 
   if (steps > 0) load_q_side(0, 0);
   cp_async_commit();
-  if constexpr (kHAsync) {
-    if (tid == 0) {
+  if (tid == 0) {
 #pragma unroll
-      for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, kThreads);
-    }
-    if (steps > 1) load_q_side(1, 1);
-    cp_async_commit();
-    __syncthreads();      // the mbarriers are initialised before anyone arrives
-    cp_async_wait<1>();   // K, V and step 0's stage (this thread's copies)
-    fence_proxy_async_shared();
-    mbarrier_arrive(full_bars);  // stage 0, use 0
+    for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, kThreads);
   }
+  if (steps > 1) load_q_side(1, 1);
+  cp_async_commit();
+  __syncthreads();      // the mbarriers are initialised before anyone arrives
+  cp_async_wait<1>();   // K, V and step 0's stage (this thread's copies)
+  fence_proxy_async_shared();
+  mbarrier_arrive(full_bars);  // stage 0, use 0
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kHQStages;
-    if constexpr (kHAsync) {
-      mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // every thread's copies of this stage
-    } else {
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      __syncthreads();  // (A)
-      if (step + 1 < steps) load_q_side(step + 1, stage ^ 1);
-      cp_async_commit();
-    }
+    mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // every thread's copies of this stage
     const uint32_t ds_cur = ds_t + (step % kHDsBuffers) * kHDsBytes;  // this step's dS^T buffer
 
     const int h = hk * group + step / m_count;
@@ -343,20 +303,14 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     fence_operands(dk_acc);
 
     fence_proxy_async_shared();  // dS^T written by plain stores, read by the tensor cores
-    if constexpr (kHDqOwnKeys) {
-      named_barrier_sync(1 + wg, 128);  // (B) this warpgroup's dS^T rows are in shared memory
-    } else {
-      __syncthreads();  // (B) both halves
-    }
-    if constexpr (kHAsync) {
-      // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
-      // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
-      if (step + 2 < steps) load_q_side(step + 2, (step + 2) % kHQStages);
-      cp_async_commit();
-      cp_async_wait<1>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(full_bars + 8 * ((step + 1) % kHQStages));
-    }
+    __syncthreads();  // (B) both halves
+    // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
+    // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
+    if (step + 2 < steps) load_q_side(step + 2, (step + 2) % kHQStages);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async_shared();
+    mbarrier_arrive(full_bars + 8 * ((step + 1) % kHQStages));
     if constexpr (kHRetireBeforeDq) {
       wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
       fence_operands(dv_acc);
@@ -369,26 +323,23 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     }
 
     // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
-    const bool dq_here = kHDqSplit || kHDqOwnKeys || kHDqRows || (step & 1) == wg;
+    // ---- every step, both warpgroups: d128 its 64 columns, d64 its 64 query rows
     float dq[kHDqCols / 2];
-    if (dq_here) {
+    {
       const uint32_t k_cols = k_t + (kHDqSplit ? wg : 0) * (kHBlockN * kHRowBytes);  // this warpgroup's columns
       const uint32_t ds_rows = ds_cur + (kHDqRows ? wg : 0) * kHDsSubBytes;  // kHDqRows: this warpgroup's queries
-      // The keys summed over: all 128, or (kHDqOwnKeys) this warpgroup's 64, 16 per k-step.
-      constexpr int kDqKSteps = kHDqOwnKeys ? 64 / 16 : kHBlockN / 16;
-      const int kk0 = kHDqOwnKeys ? wg * kDqKSteps : 0;
       fence_operands(dq);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kDqKSteps; ++kk) {
-        const uint32_t key_rows = (kk0 + kk) * 16 * kHRowBytes;
+      for (int kk = 0; kk < kHBlockN / 16; ++kk) {  // all 128 keys, 16 per k-step
+        const uint32_t key_rows = kk * 16 * kHRowBytes;
         const uint64_t da = sw128_descriptor(ds_rows + key_rows, kHDsSubBytes, kSwizzleAtomBytes);
         const uint64_t db = sw128_descriptor(k_cols + key_rows, kHKvBytes, kSwizzleAtomBytes);
         sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
       }
       wgmma_commit();
     }
-    wgmma_wait<0>();  // dV, dK (and dQ) retired: their register operands may be reused
+    wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
     fence_operands(dv_acc);
     fence_operands(dk_acc);
 #pragma unroll
@@ -396,49 +347,22 @@ __device__ __forceinline__ void dkdv_wgmma_body(
       fence_operands(p_frag[kk]);
       fence_operands(ds_frag[kk]);
     }
-    if (dq_here) {
+    {
       fence_operands(dq);
       const int col0 = kHDqSplit ? wg * 64 : 0;
-      if constexpr (kHDqBulk) {
-        // Thread r < 64 of the warpgroup owns staging row r: it waits until its previous bulk reduction has
-        // read the row, the warpgroup fills the rows, and it hands row r (query m0 + r) to the copy engine.
-        const int wg_tid = tid & 127, stage_q = (warp & 3) * 16 + g;
-        const uint32_t stage = dq_stage + wg * kHDqStageBytes;
-        if (wg_tid < kHBlockM) bulk_wait_read<0>();
-        named_barrier_sync(1 + wg, 128);  // the staging rows are free
+      const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;  // query within the step
+      const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
+      float* dst = dq_accum + ws_row * kD + col0;
 #pragma unroll
-        for (int j = 0; j < kHDqCols / 8; ++j) {
-          const int col = j * 8 + 2 * t4;
-          *reinterpret_cast<float2*>(smem_raw + (stage - raw) + stage_q * kHDqStageRowBytes + col * 4) =
-              make_float2(dq[4 * j], dq[4 * j + 1]);
-          *reinterpret_cast<float2*>(smem_raw + (stage - raw) + (stage_q + 8) * kHDqStageRowBytes + col * 4) =
-              make_float2(dq[4 * j + 2], dq[4 * j + 3]);
-        }
-        fence_proxy_async_shared();       // plain stores, read by the copy engine
-        named_barrier_sync(1 + wg, 128);  // every row is written
-        if (wg_tid < kHBlockM && m0 + wg_tid < sq.y) {
-          const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + wg_tid;
-          bulk_reduce_add_f32(dq_accum + ws_row * kD + col0, stage + wg_tid * kHDqStageRowBytes, kHDqCols * 4);
-        }
-        if (wg_tid < kHBlockM) bulk_commit();
-      } else {
-        const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;  // query within the step
-        const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
-        float* dst = dq_accum + ws_row * kD + col0;
-#pragma unroll
-        for (int j = 0; j < kHDqCols / 8; ++j) {
-          const int col = j * 8 + 2 * t4;
-          if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
-          if (m0 + q_row + 8 < sq.y)
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
-        }
+      for (int j = 0; j < kHDqCols / 8; ++j) {
+        const int col = j * 8 + 2 * t4;
+        if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
+        if (m0 + q_row + 8 < sq.y)
+          atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
       }
     }
   }
   cp_async_wait<0>();
-  if constexpr (kHDqBulk) {
-    if ((tid & 127) < kHBlockM) bulk_wait<0>();  // the staging rows are read and the reductions done before exit
-  }
 
   // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
   const int64_t row8 = int64_t(8) * kv_heads * kD;

@@ -17,15 +17,20 @@
 //   out   = num_splits == 1: normalised output + lse written directly; else per-split (o, lse) go to
 //           an fp32 workspace (split, flat token, head) merged by hfp_decode_combine.
 //
-// Compile-time configuration and the variant switches: decode_common.cuh. The split merge:
-// decode_combine.cuh.
+// Compile-time configuration: decode_common.cuh. The split merge: decode_combine.cuh.
 #include <type_traits>
 
 #include "decode_common.cuh"
 #include "decode_combine.cuh"
-#include "decode_kv_load.cuh"
 
 namespace hfp {
+
+// A pointer held by lane `src_lane` (every lane of the warp must call this).
+template <typename T>
+__device__ __forceinline__ const T* shfl_pointer(const T* ptr, int src_lane) {
+  const unsigned long long bits = reinterpret_cast<unsigned long long>(ptr);
+  return reinterpret_cast<const T*>(__shfl_sync(0xffffffffu, bits, src_lane));
+}
 
 // One CTA's work on 16 query rows [first_row, first_row + 16) of (sequence b, kv_head), keys of
 // split `split`.
@@ -50,7 +55,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   const int chunk = ((span + p.num_splits - 1) / p.num_splits + kWarps * kTileKeys - 1) / (kWarps * kTileKeys) *
                     (kWarps * kTileKeys);
   const int k_begin = min(k_hi, k_lo + split * chunk), k_end = min(k_hi, k_begin + chunk);
-#if PAGE_TILES && KV_ADDRESSING == 1
+#if PAGE_TILES
   // Tiles start at k_begin + 16 n: with whole tiles per page, each tile is rows [in_page, in_page + 16)
   // of one page (windows can start the chunk mid-tile: then the per-key form below is used).
   const bool page_tiles = p.kv.page_size % kTileKeys == 0 && k_begin % kTileKeys == 0;
@@ -74,50 +79,30 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   Elem* warp_kv = smem_kv + warp * STAGES * kStageElems;
   const int n_tiles_cta = (k_end - k_begin + kTileKeys - 1) / kTileKeys;
   const int n_tiles = n_tiles_cta > warp ? (n_tiles_cta - warp + kWarps - 1) / kWarps : 0;
-  // Lane -> (key within tile, first chunk): lanes l and l+16 load the two 16-byte halves of each
-  // 32-byte sector of one key row, so every sector is fetched whole.
-  const int load_key = lane % 16, load_chunk0 = lane / 16;
-#if COALESCED_LOADS
-  (void)load_chunk0;  // the coalesced copy pattern maps lanes to chunks differently
-#endif
-#if STAGGER_TILES
-  // Iteration `it` of this warp processes its tile (it + rotation) % n_tiles; the rotation is a
-  // multiplicative hash of the CTA index scaled to [0, n_tiles), the same fraction for all 4 warps
-  // (so they stay near each other), different for neighbouring CTAs. Online softmax is order-free.
-  const unsigned cta_id = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int rotation = n_tiles > 0 ? (int)__umulhi(cta_id * 0x9E3779B9u, (unsigned)n_tiles) : 0;
-  auto tile_of = [&](int it) {
-    const int tile = it + rotation;
-    return tile >= n_tiles ? tile - n_tiles : tile;
-  };
-#else
+  // Lane l (and l + 16) locates key l % 16 of a tile once; the copies' row addresses come from it.
+  const int load_key = lane % 16;
+  // The tile iteration `it` of this warp processes: tiles in order. An identity, but kept as a function:
+  // writing `it` in its place changes what nvcc 13.0 emits (scripts/check_shipped_cubins.py).
   auto tile_of = [](int it) { return it; };
-#endif
 
-#if INDEX_AHEAD
   // This lane's key in the warp's tile `it` (< n_tiles), clamped into the chunk like the copies do.
-  // PAGE_TILES: the tile's first key for every lane (its page places the whole tile).
+  // page_tiles: the tile's first key for every lane (its page places the whole tile).
   auto lane_key = [&](int it) {
     const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
     if (page_tiles) return key0;
     const int key = key0 + load_key;
     return key < k_end ? key : k_begin;
   };
+  // The page / slot table entry of this lane's key in the next tile to issue, loaded one issue_tile call
+  // early so that a tile's copies never wait on the dependent table read.
   using Entry = typename KvAddressT<Elem>::Entry;
-  constexpr int kEntriesAhead = L2_AHEAD ? 2 : 1;
-  // entry_ahead[i]: this lane's table entry for the warp's tile (next one issued + i); loaded one
-  // issue_tile call before it is read.
-  Entry entry_ahead[kEntriesAhead];
-#pragma unroll
-  for (int i = 0; i < kEntriesAhead; ++i) entry_ahead[i] = i < n_tiles ? p.kv.entry(b, lane_key(i)) : Entry(0);
-#endif
+  Entry entry_ahead = 0 < n_tiles ? p.kv.entry(b, lane_key(0)) : Entry(0);
 
   auto issue_tile = [&](int it) {
     const int slot = it % STAGES;
     if (it < n_tiles) {
-#if COALESCED_LOADS
-      // Lane l (and l + 16) locates key key0 + l % 16 once; copy instruction i then covers the 32
-      // consecutive 16-byte chunks e = 32 i + lane of the tile (row e / kChunks, chunk e % kChunks).
+      // Copy instruction i covers the 32 consecutive 16-byte chunks e = 32 i + lane of the tile (row
+      // e / kChunks, chunk e % kChunks): whole rows per instruction.
       const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
       Elem* k_dst = warp_kv + slot * kStageElems;
       Elem* v_dst = k_dst + kTileElems;
@@ -126,11 +111,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       // address plus r rows places row r of the tile.
       const int my_key = page_tiles ? key0 : (key0 + load_key < k_end ? key0 + load_key : k_begin);
       long long k_off, v_off;
-#if INDEX_AHEAD
-      p.kv.locate_entry(entry_ahead[0], b, my_key, k_off, v_off);
-#else
-      p.kv.locate(b, my_key, k_off, v_off);
-#endif
+      p.kv.locate_entry(entry_ahead, b, my_key, k_off, v_off);
       const Elem* k_mine = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
       const Elem* v_mine = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
 #endif
@@ -162,8 +143,8 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
             v_row = shfl_pointer(v_mine, row);
           }
 #endif
-          cp_async_16_kv(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
-          cp_async_16_kv(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
+          cp_async_16(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
+          cp_async_16(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
         }
       };
       if (page_tiles) {  // uniform over the CTA
@@ -171,48 +152,8 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       } else {
         copy_rows(std::false_type{});
       }
-#if INDEX_AHEAD
-      // Advance the entries: the next call's is already here; the load for the one after is issued
-      // now and not waited for until then.
-#pragma unroll
-      for (int i = 0; i + 1 < kEntriesAhead; ++i) entry_ahead[i] = entry_ahead[i + 1];
-      entry_ahead[kEntriesAhead - 1] =
-          it + kEntriesAhead < n_tiles ? p.kv.entry(b, lane_key(it + kEntriesAhead)) : Entry(0);
-#if L2_AHEAD
-      if (it + 1 < n_tiles) {
-        // Rows of the warp's next tile into L2: lanes l and l + 16 hold key l % 16 and take
-        // alternate 128-byte lines of its K and V rows.
-        long long k_next, v_next;
-        p.kv.locate_entry(entry_ahead[0], b, lane_key(it + 1), k_next, v_next);
-        const Elem* k_row = p.kv.k + k_next + (long long)kv_head * p.kv.k_stride2;
-        const Elem* v_row = p.kv.v + v_next + (long long)kv_head * p.kv.v_stride2;
-        constexpr int kLineElems = 128 / sizeof(Elem);
-#pragma unroll
-        for (int c = 0; c < kHeadDim; c += 2 * kLineElems) {
-          const int col = c + (lane / 16) * kLineElems;
-          if (col < kHeadDim) {
-            prefetch_l2(k_row + col);
-            prefetch_l2(v_row + col);
-          }
-        }
-      }
-#endif
-#endif
-#else
-      const int key = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys + load_key;
-      const bool valid = key < k_end;
-      long long k_off, v_off;
-      p.kv.locate(b, valid ? key : k_begin, k_off, v_off);
-      const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
-      const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
-      Elem* k_dst = warp_kv + slot * kStageElems;
-      Elem* v_dst = k_dst + kTileElems;
-#pragma unroll
-      for (int ch = load_chunk0; ch < kChunks; ch += 2) {
-        cp_async_16_kv(smem_addr(k_dst + tile_offset(load_key, ch)), k_row + ch * 8, valid);
-        cp_async_16_kv(smem_addr(v_dst + tile_offset(load_key, ch)), v_row + ch * 8, valid);
-      }
-#endif
+      // The next call's entry: its load is issued now and not waited for until then.
+      entry_ahead = it + 1 < n_tiles ? p.kv.entry(b, lane_key(it + 1)) : Entry(0);
     }
     cp_async_commit();  // always commit: keeps the wait_group counting uniform
   };
@@ -229,11 +170,6 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = kk * 2 + (mi >> 1);
     ldmatrix_x4(a, smem_addr(smem_q + tile_offset(r, ch)));
   };
-  uint32_t q_frag[kQInRegs ? kHeadDim / 16 : 1][4];
-  if constexpr (kQInRegs) {
-#pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) load_q_fragment(q_frag[kk], kk);
-  }
   float o_acc[kHeadDim / 8][4];
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
@@ -252,16 +188,9 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   }
 
   for (int it = 0; it < n_tiles; ++it) {
-#if EARLY_ISSUE
-    __syncwarp();                 // every lane is done reading slot (it - 1) % STAGES (last iteration)
-    issue_tile(it + STAGES - 1);  // refill it now: STAGES tiles in flight during the wait below
-    cp_async_wait<STAGES - 1>();  // groups: ..., it, it + 1, ..., it + STAGES - 1 -> tile `it` landed
-    __syncwarp();                 // ... for every lane's copies
-#else
     cp_async_wait<STAGES - 2>();
     __syncwarp();  // every lane's copies of tile `it` landed; slot (it - 1) % STAGES is free again
     issue_tile(it + STAGES - 1);
-#endif
 
     const Elem* k_tile = warp_kv + (it % STAGES) * kStageElems;
     const Elem* v_tile = k_tile + kTileElems;
@@ -271,12 +200,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
       uint32_t a[4], kb[4];
-      if constexpr (kQInRegs) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = q_frag[kQInRegs ? kk : 0][i];
-      } else {
-        load_q_fragment(a, kk);
-      }
+      load_q_fragment(a, kk);
       {  // K B-fragments: (keys 0-7, c), (keys 0-7, c+1), (keys 8-15, c), (keys 8-15, c+1)
         const int mi = lane / 8, r = (mi >> 1) * 8 + lane % 8, ch = kk * 2 + (mi & 1);
         ldmatrix_x4(kb, smem_addr(k_tile + tile_offset(r, ch)));

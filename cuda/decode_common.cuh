@@ -4,29 +4,14 @@
 // Layout: q (B, S_q, H, D) (or packed (T_q, H, D) with cu_seqlens_q), out likewise, lse (B, H, S_q)
 // fp32 (any strides); split workspaces o_part (split, flat token, H, D), lse_part (split, flat token, H).
 //
-// Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES, and the
-// bandwidth variants (all 0 by default, which compiles to the original kernel):
-//   L2_PREFETCH, COALESCED_LOADS  the tile copy pattern (decode_kv_load.cuh);
-//   STAGGER_TILES  each warp walks its tiles starting at a CTA-dependent rotation, so the CTAs that run
-//                  together do not all read the same offset of equally strided (power-of-two apart)
-//                  cache regions at the same time (DRAM channel / L2 slice camping);
-//   EARLY_ISSUE    a warp refills the slot it has just finished before waiting for its next tile, so
-//                  STAGES tiles (not STAGES - 1) are in flight while it waits.
-//   INDEX_AHEAD    (with COALESCED_LOADS) each lane's page-table / slot-table entry for its key of the
-//                  warp's next tile is loaded one tile early (software pipelined), so a tile's copies never
-//                  wait on the dependent table read; the contiguous form has no table (no change).
-//   L2_AHEAD       (with COALESCED_LOADS and INDEX_AHEAD) the entries run two tiles ahead and the rows of
-//                  the warp's tile after the one being copied are prefetched into L2 (prefetch.global.L2):
-//                  one more tile per warp in flight without more shared memory, and the address
-//                  translation of a scattered page (TLB miss) happens a tile before the copy needs it.
-//   PAGE_TILES     (block table, with COALESCED_LOADS) when pages hold whole 16-key tiles and the CTA's key
-//                  chunk starts on a tile boundary, every tile lies inside one page: one table entry per
-//                  tile (the same address for every lane) and the 16 row addresses are plain arithmetic
-//                  from it, instead of one entry per key and two 64-bit pointer shuffles per copy
-//                  instruction (32 SHFL per tile and warp, on the pipe the copies and ldmatrix use).
-//   Q_IN_REGS      Q's mma A-fragments are loaded once into registers (D = 32, 96, 128: D / 4 registers)
-//                  instead of re-read from shared memory for every tile (a third of the per-tile
-//                  ldmatrix traffic, which shares the L1/shared-memory pipe with the K/V copies).
+// Compile-time config (from DecodeConfig): HEAD_DIM, ELEM_BF16, KV_ADDRESSING, SOFTCAP, STAGES.
+// The K/V tile copy (decode.cu issue_tile): each copy instruction covers whole rows (32 lanes x 16 B =
+// 512 consecutive bytes at D = 128), row addresses come from the lane that located the key (a warp
+// shuffle), and each lane's page-table / slot-table entry for the warp's next tile is loaded one tile
+// early, so a tile's copies never wait on the dependent table read. PAGE_TILES (block table, derived
+// below): when pages hold whole 16-key tiles and the CTA's key chunk starts on a tile boundary, every
+// tile lies inside one page: one table entry per tile and the 16 row addresses are plain arithmetic
+// from it, instead of one entry per key and two 64-bit pointer shuffles per copy instruction.
 #pragma once
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
@@ -43,33 +28,8 @@
 #ifndef STAGES
 #define STAGES 3
 #endif
-#ifndef STAGGER_TILES
-#define STAGGER_TILES 0
-#endif
-#ifndef EARLY_ISSUE
-#define EARLY_ISSUE 0
-#endif
-#ifndef Q_IN_REGS
-#define Q_IN_REGS 0
-#endif
-#ifndef INDEX_AHEAD
-#define INDEX_AHEAD 0
-#endif
-#ifndef L2_AHEAD
-#define L2_AHEAD 0
-#endif
-#ifndef PAGE_TILES
-#define PAGE_TILES 0
-#endif
-#if INDEX_AHEAD && !COALESCED_LOADS
-#error "INDEX_AHEAD is implemented for the COALESCED_LOADS copy pattern"
-#endif
-#if PAGE_TILES && !COALESCED_LOADS
-#error "PAGE_TILES is implemented for the COALESCED_LOADS copy pattern"
-#endif
-#if L2_AHEAD && !INDEX_AHEAD
-#error "L2_AHEAD needs INDEX_AHEAD (its prefetch addresses come from the entries loaded ahead)"
-#endif
+// D = 32 keeps the per-key form: with both copy forms ptxas spills 4 bytes in its prologue.
+#define PAGE_TILES (KV_ADDRESSING == 1 && HEAD_DIM != 32)
 
 namespace hfp {
 
@@ -83,10 +43,6 @@ constexpr int kChunks = kHeadDim / 8;           // 16-byte chunks per row
 constexpr bool kSwizzle = (kChunks % 8) == 0;
 constexpr int kTileElems = kTileKeys * kHeadDim;  // one K (or V) tile in shared memory
 constexpr int kStageElems = 2 * kTileElems;       // K tile then V tile
-// Q fragments in registers only where the extra registers cost no residency: D = 64 runs 4 CTAs/SM
-// (shared-memory bound), which leaves exactly 128 registers per thread, and Q would push it to ~155
-// (3 CTAs/SM); D = 256 is at the 255-register limit already.
-constexpr bool kQInRegs = Q_IN_REGS != 0 && kHeadDim <= 128 && kHeadDim != 64;
 
 using Traits = ElemTraits<ELEM_BF16 != 0>;
 using Elem = Traits::T;

@@ -59,7 +59,7 @@ struct KvAddressT {
 
   // The index-table entry that places key j of sequence b: its page (block table) or slot (slot
   // table), as stored; contiguous caches have no table (0). Separate from locate_entry so that a
-  // caller can issue this dependent global load early (INDEX_AHEAD) and use it later.
+  // caller can issue this dependent global load a tile early (decode.cu does) and use it later.
   __device__ __forceinline__ Entry entry(int b, int j) const {
 #if KV_ADDRESSING == 0
     (void)b, (void)j;
@@ -74,8 +74,8 @@ struct KvAddressT {
 
   // Offsets (elements) of the first k/v element of (b, key j, kv head h) as (row, head) components,
   // given entry(b, j). An entry outside [0, num_rows) places row 0. The clamp sits here, where the
-  // entry is used, not in entry(): there it would wait for the load that INDEX_AHEAD issues a tile
-  // early (measured: +1 % on paged decode at page size 16).
+  // entry is used, not in entry(): there it would wait for the load that decode.cu issues a tile
+  // early (notes/decode.md).
   __device__ __forceinline__ void locate_entry(Entry e, int b, int j, long long& k_off, long long& v_off) const {
 #if KV_ADDRESSING == 0
     (void)e;

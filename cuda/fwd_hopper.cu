@@ -13,20 +13,17 @@
 //   O += P V: wgmma m64 x HEAD_DIM x k16 with P packed in registers (A operand) and V from its SW128
 //   tile read MN-major (transposed by the tensor core, no ldmatrix.trans).
 // K/V tiles stream through a KV_STAGES-deep cp.async ring written in the swizzled format; the next
-// tile's copy overlaps this tile's math. With OVERLAP = 1 the P V product of tile i runs on the tensor
-// cores while the warpgroup exponentiates the scores of tile i + 1 (S of i + 1 is issued first), which
-// needs a third ring stage (V of tile i is still being read when tile i + 2 is requested).
+// tile's copy overlaps this tile's math.
 //
 // Compile-time configuration (-D, from ForwardConfig in hf_flashpatch/kernels/forward.py):
-//   HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, OVERLAP, ELEM_BF16, HAS_MASK.
+//   HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
 
 namespace {
-// Tiles in flight ahead of the one being consumed. The overlapped body still reads tile i's V (its
-// P V product) while tile i + 1 is consumed, so one ring slot fewer is free for prefetching.
+// Tiles in flight ahead of the one being consumed: every ring slot but the one being read.
 constexpr int kThreads = kMathThreads;
-constexpr int kLookahead = OVERLAP ? KV_STAGES - 2 : KV_STAGES - 1;
-static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into (overlap: 3 stages)");
+constexpr int kLookahead = KV_STAGES - 1;
+static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into");
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(
@@ -165,33 +162,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
   };
 
-#if OVERLAP
-  // Tile 0's scores first; then per tile: issue S(i + 1) and O += P(i) V(i), exponentiate S(i + 1)
-  // while O += P(i) V(i) still runs, retire it, rescale O and pack P(i + 1).
-  if (num_tiles > 0) {
-    advance_ring(0);
-    start_scores(k_ring);
-    wgmma_wait<0>();
-    fence_operands(s_flat);
-    softmax.rescale(acc_o, correction, exponentiate_tile(0));
-    pack_probabilities(probs, scores);
-  }
-  for (int i = 0; i + 1 < num_tiles; ++i) {
-    advance_ring(i + 1);  // tile i + 1 landed; tile i + 2 requested into the slot of tile i - 1
-    start_scores(k_ring + ((i + 1) % KV_STAGES) * kKVBytes);
-    start_pv(v_ring + (i % KV_STAGES) * kKVBytes);
-    wgmma_wait<1>();  // S(i + 1) is ready; P(i) V(i) may still run
-    fence_operands(s_flat);
-    const bool max_moved = exponentiate_tile(i + 1);
-    retire_pv();
-    softmax.rescale(acc_o, correction, max_moved);
-    pack_probabilities(probs, scores);
-  }
-  if (num_tiles > 0) {
-    start_pv(v_ring + ((num_tiles - 1) % KV_STAGES) * kKVBytes);
-    retire_pv();
-  }
-#else
   for (int i = 0; i < num_tiles; ++i) {
     advance_ring(i);
     const uint32_t k_tile = k_ring + (i % KV_STAGES) * kKVBytes;
@@ -204,7 +174,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     start_pv(v_tile);
     retire_pv();
   }
-#endif
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
   float inv_sum[1][2], row_lse[1][2];

@@ -17,7 +17,7 @@
 // a landed tile ready while the math warpgroups work on the previous one.
 //
 // Compile-time configuration: HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG (math warpgroups),
-// KV_STAGES (>= 3), ELEM_BF16, HAS_MASK; OVERLAP must be 0.
+// KV_STAGES (>= 3), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
 
 namespace {
@@ -35,7 +35,7 @@ static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThre
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;  // named barrier among the math warpgroups (0 is __syncthreads)
 static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");
-static_assert(KV_STAGES >= 3 && OVERLAP == 0, "the producer runs two tiles ahead: three ring stages, no overlap");
+static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring stages");
 
 }  // namespace
 

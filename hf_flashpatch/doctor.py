@@ -17,7 +17,7 @@ KERNEL_MODULES = ("forward", "backward", "decode")
 
 
 def kernel_builds():
-    """Every shipped kernel variant, by module: ``{name: [KernelBuild, ...]}`` (modules missing here are skipped)."""
+    """Every shipped kernel build, by module: ``{name: [KernelBuild, ...]}`` (modules missing here are skipped)."""
     found = {}
     for name in KERNEL_MODULES:
         try:
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     from .cli import ArgumentParser, fail, positive_int
 
     parser = ArgumentParser(prog="hf-flashpatch doctor", description=__doc__)
-    parser.add_argument("--compile", action="store_true", help="compile every kernel variant (uses the disk cache)")
+    parser.add_argument("--compile", action="store_true", help="compile every shipped kernel build (uses the disk cache)")
     parser.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     args = parser.parse_args(argv)
 
@@ -110,6 +110,6 @@ def _compile_status(build) -> str:
     t0 = time.perf_counter()
     try:
         kbuild.compile_cubin(build)
-    except Exception as exc:  # noqa: BLE001 - reported per variant
+    except Exception as exc:  # noqa: BLE001 - reported per build
         return f"FAILED: {str(exc).splitlines()[0]}"
     return f"ok {time.perf_counter() - t0:.2f}s"

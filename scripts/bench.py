@@ -95,7 +95,6 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "runs"))
     parser.add_argument("--backward-sweep", action="store_true", help="also time the backward tile candidates")
     parser.add_argument("--max-seqlen", action="store_true", help="also search the longest trainable sequence")
-    parser.add_argument("--decode-sweep", action="store_true", help="also time the decode kernel variants")
     args = parser.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,7 +108,6 @@ def main(argv=None) -> int:
             part_rows: list[dict] = []
             extra = {
                 "backward": dict(sweep=args.backward_sweep, max_seqlen=args.max_seqlen),
-                "decode": dict(sweep=args.decode_sweep) if args.decode_sweep else {},
             }.get(part, {})
             module.run(part_rows, quick=args.quick, **extra)
             rows += [{"part": part, **r} for r in part_rows]

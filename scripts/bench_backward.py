@@ -13,9 +13,10 @@
 3. ``--max-seqlen``: the longest sequence (multiple of 4096 up to 160k, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
-4. ``--sweep``: every named body of ``backward.VARIANTS`` (the ones ``HF_FLASHPATCH_BWD_VARIANT`` selects) at
-   seqlen 4k and 16k, d64 and d128, causal and not, and the tile/unroll overrides of ``SWEEP_CANDIDATES``
-   at 4k; each row prints TFLOP/s and the max |gradient difference| to the default body's gradients.
+4. ``--sweep``: every body this GPU can run (``default``, ``tiled``, and ``wgmma`` on Hopper, each with the
+   tiles the heuristics give it, passed to the kernel layer as an explicit config) at seqlen 4k and 16k, d64
+   and d128, causal and not, and the tile/unroll overrides of ``SWEEP_CANDIDATES`` at 4k; each row prints
+   TFLOP/s and the max |gradient difference| to the default body's gradients.
 
 ``run(results, quick)`` appends one dict per measurement for ``scripts/bench.py``.
 """
@@ -66,35 +67,42 @@ def _ours(q, k, v, dout, causal, deterministic):
     return lambda: backward.attention_backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic)
 
 
-def _ours_variant(q, k, v, dout, causal, variant):
-    """The non-deterministic backward with a named body of ``backward.VARIANTS`` (not the one in force)."""
+def _ours_config(q, k, v, dout, causal, cfg):
+    """The non-deterministic backward with an explicit ``BackwardConfig`` (not the one the heuristics pick)."""
     import math
 
     from hf_flashpatch.kernels import backward, forward
-    from hf_flashpatch.kernels.build import device_arch
 
     out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
                                          window_right=0 if causal else -1, softcap=None)  # fmt: skip
-    cfg = backward.BackwardConfig.choose(q.shape[-1], q.dtype, False, device_arch(q.device), variant=variant)
     scale, right = 1.0 / math.sqrt(q.shape[-1]), 0 if causal else -1
     return lambda: backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 0, 0, scale, -1, right,
                                              0.0, False)  # fmt: skip
 
 
-def _other_bodies(head_dim: int) -> list:
-    """Bodies timed next to the one in force: the fastest mma.sync body and, on Hopper, the wgmma ones."""
+def _bodies(head_dim: int) -> dict:
+    """``{body: config}`` of every body this GPU runs at ``head_dim``: the default body (the deterministic
+    path's tiles), the tiled body (other GPUs' choice) and, on Hopper, the wgmma body."""
+    import dataclasses
+
     from hf_flashpatch.kernels import backward
     from hf_flashpatch.kernels.build import device_arch
 
     arch = device_arch(torch.device("cuda"))
-    in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch)
-    names = [backward.MEASURED_DEFAULT_MMA.get(head_dim, "default"), "wgmma", "wgmma_async", "wgmma_m128"]
-    picked = []
-    for name in names:
-        cfg = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, variant=name)
-        if cfg != in_force and name not in picked:
-            picked.append(name)
-    return picked
+    configs = [backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, deterministic=True),
+               dataclasses.replace(backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_80"), arch=arch)]
+    if arch == "sm_90a":
+        configs.append(backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, arch))
+    return {cfg.body: cfg for cfg in configs}
+
+
+def _other_bodies(head_dim: int) -> dict:
+    """Bodies timed next to the one the heuristics pick."""
+    from hf_flashpatch.kernels import backward
+    from hf_flashpatch.kernels.build import device_arch
+
+    in_force = backward.BackwardConfig.choose(head_dim, torch.bfloat16, False, device_arch(torch.device("cuda")))
+    return {name: cfg for name, cfg in _bodies(head_dim).items() if cfg != in_force}
 
 
 def _retained_backward(forward_fn, q, k, v, dout):
@@ -170,8 +178,8 @@ def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS
                          "ours_det": lambda: _ours(q, k, v, dout, causal, True),
                          "sdpa_flash": lambda: _sdpa(q, k, v, dout, causal, "flash"),
                          "sdpa_cudnn": lambda: _sdpa(q, k, v, dout, causal, "cudnn")}  # fmt: skip
-                for name in _other_bodies(head_dim):
-                    impls[f"ours:{name}"] = lambda name=name: _ours_variant(q, k, v, dout, causal, name)
+                for name, cfg in _other_bodies(head_dim).items():
+                    impls[f"ours:{name}"] = lambda cfg=cfg: _ours_config(q, k, v, dout, causal, cfg)
                 if not quick and head_dim == 128 and seqlen in FLEX_SEQLENS:  # Flex compiles per shape (~20 s)
                     impls["flex"] = lambda: _flex(q, k, v, dout, causal)
                 base = dict(part="backward", panel=f"bwd d{head_dim} {'causal' if causal else 'full'}",
@@ -197,8 +205,8 @@ def run_finetune_shapes(results: list, quick: bool = False) -> None:
         impls = {"ours": lambda: _ours(q, k, v, dout, True, False),
                  "sdpa_flash": lambda: _sdpa(q, k_rep, v_rep, dout, True, "flash"),
                  "sdpa_cudnn": lambda: _sdpa(q, k_rep, v_rep, dout, True, "cudnn")}  # fmt: skip
-        for name in _other_bodies(64):
-            impls[f"ours:{name}"] = lambda name=name: _ours_variant(q, k, v, dout, True, name)
+        for name, cfg in _other_bodies(64).items():
+            impls[f"ours:{name}"] = lambda cfg=cfg: _ours_config(q, k, v, dout, True, cfg)
         base = dict(part="backward", panel=f"bwd d64 causal, 1 x seqlen, {heads}/{kv_heads} heads (fine-tune shape)",
                     head_dim=64, seqlen=seqlen, causal=True, x=seqlen, unit="TFLOP/s")  # fmt: skip
         _time_panel(results, impls, base, (1, heads, seqlen, 64, True))
@@ -210,20 +218,17 @@ def run_finetune_shapes(results: list, quick: bool = False) -> None:
 
 # Spill-free alternatives to BackwardConfig.choose's pick (checked with ptxas -v), as field overrides.
 SWEEP_CANDIDATES = {
-    128: [{}, {"prefetch_after_sync": True}, {"dq_warp_rows": 32}, {"dq_warp_rows": 32, "prefetch_after_sync": True},
-          {"ss_unroll": 4}, {"ss_unroll": 4, "dq_warp_rows": 32}, {"ss_unroll": 1}, {"block_m": 32, "ss_unroll": 8},
-          {"ss_unroll": 4, "dq_warp_rows": 32, "prefetch_after_sync": True},
-          {"block_m": 32, "ss_unroll": 8, "dq_chunk": 16, "prefetch_after_sync": True}],
-    64: [{}, {"prefetch_after_sync": True}, {"dq_warp_rows": 32}, {"ss_unroll": 8}, {"ss_unroll": 1},
-         {"block_m": 32}, {"block_m": 32, "ss_unroll": 8}],
+    128: [{}, {"dq_warp_rows": 32}, {"ss_unroll": 4}, {"ss_unroll": 4, "dq_warp_rows": 32}, {"ss_unroll": 1},
+          {"block_m": 32, "ss_unroll": 8}, {"block_m": 32, "ss_unroll": 8, "dq_chunk": 16}],
+    64: [{}, {"dq_warp_rows": 32}, {"ss_unroll": 8}, {"ss_unroll": 1}, {"block_m": 32}, {"block_m": 32, "ss_unroll": 8}],
 }  # fmt: skip
 
 
-SWEEP_VARIANT_SEQLENS = (4096, 16384)  # the named bodies (backward.VARIANTS) are timed at both
+SWEEP_BODY_SEQLENS = (4096, 16384)  # the bodies (_bodies) are timed at both
 
 
 def sweep_configs(results: list, seqlen: int = 4096) -> None:
-    """Time each named variant (``backward.VARIANTS``, at every seqlen of ``SWEEP_VARIANT_SEQLENS``) and each
+    """Time each body (``_bodies``, at every seqlen of ``SWEEP_BODY_SEQLENS``) and each
     override candidate of ``SWEEP_CANDIDATES`` (at ``seqlen``) of the non-deterministic backward; the
     gradients' max difference to the default config's is recorded as a correctness smoke check."""
     import dataclasses
@@ -231,13 +236,12 @@ def sweep_configs(results: list, seqlen: int = 4096) -> None:
 
     from hf_flashpatch.kernels import backward, forward
 
-    plan = [(n, head_dim) for n in SWEEP_VARIANT_SEQLENS for head_dim in SWEEP_CANDIDATES]
+    plan = [(n, head_dim) for n in SWEEP_BODY_SEQLENS for head_dim in SWEEP_CANDIDATES]
     for seqlen_now, head_dim in plan:
         batch, heads, q, k, v, dout = _inputs(seqlen_now, head_dim)
-        default = backward.BackwardConfig.choose(head_dim, q.dtype, False, variant="default")
-        named = [(f"variant={name}", backward.BackwardConfig.choose(head_dim, q.dtype, False, variant=name))
-                 for name in backward.VARIANTS]  # fmt: skip
-        named = [(label, cfg) for label, cfg in named if label == "variant=default" or cfg.body != "default"]
+        bodies = _bodies(head_dim)
+        default = bodies["default"]
+        named = [(f"body={name}", cfg) for name, cfg in bodies.items()]  # body=default first
         overrides_list = SWEEP_CANDIDATES[head_dim][1:] if seqlen_now == seqlen else []
         candidates = named + [(repr(o), dataclasses.replace(default, **o)) for o in overrides_list]
         for causal in (False, True):
@@ -245,7 +249,7 @@ def sweep_configs(results: list, seqlen: int = 4096) -> None:
             out, lse = forward.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
                                                  window_right=right, softcap=None)  # fmt: skip
             scale = 1.0 / math.sqrt(head_dim)
-            reference = None  # the first candidate is variant=default
+            reference = None  # the first candidate is body=default
             for label, cfg in candidates:
 
                 def call(cfg=cfg):
@@ -466,7 +470,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k, no Flex (compile time), 4-layer model")
     parser.add_argument("--max-seqlen", action="store_true", help="also binary-search the longest trainable sequence")
     parser.add_argument("--max-seqlen-only", action="store_true", help="only that search (no kernel or training rows)")
-    parser.add_argument("--sweep", action="store_true", help="also time every backward.VARIANTS body (4k, 16k) and the SWEEP_CANDIDATES configs (4k)")
+    parser.add_argument("--sweep", action="store_true", help="also time every body (4k, 16k) and the SWEEP_CANDIDATES configs (4k)")
     parser.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS} (default all)")
     parser.add_argument("--head-dims", default=",".join(map(str, HEAD_DIMS)), help="kernel rows' head dims")
     args = parser.parse_args()

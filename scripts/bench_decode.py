@@ -1,6 +1,6 @@
 """Decode benchmark: bytes of K+V read per second, ours vs torch SDPA, plus end-to-end continuous batching.
 
-    python scripts/bench_decode.py [--quick] [--sweep | --sweep-only] [--variants a,b] [--rounds N]
+    python scripts/bench_decode.py [--quick] [--rounds N]
 
 Kernel part: GQA 32/8, head dim 128, bf16, one query token per sequence, at batch x context
 64x4096, 16x32768, 128x2048. Contenders: our decode over a contiguous cache, our paged decode (page
@@ -17,19 +17,12 @@ hidden 2048, 32/8 heads). transformers < 5.23: ``paged|hfpatch`` vs ``paged|sdpa
 cache and runs varlen), so the fast path's gain is measured in the same run. Each contender first runs
 a short warm-up batch (kernel builds), then the timed one. Skipped when the model has no ``generate_batch``.
 
-Sweep part (``--sweep``): every kernel variant of ``hf_flashpatch.kernels.decode.VARIANTS`` (selected
-through ``HF_FLASHPATCH_DECODE_VARIANT``; ``--variants`` picks some), contiguous and paged 16 / 256, at the
-same three shapes, next to SDPA cuDNN on the contiguous cache timed in the same passes (``--rounds``
-interleaved passes, median): TB/s, ratio to cuDNN, split-KV factor, and the max abs difference of its
-output from the ``DEFAULT_VARIANT``'s. ``--sweep-only`` skips the peers table and the end-to-end part.
-
-``run(results, quick, sweep=False)`` appends one dict per measurement (the ``scripts/bench.py`` protocol).
+``run(results, quick)`` appends one dict per measurement (the ``scripts/bench.py`` protocol).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
@@ -37,7 +30,6 @@ import torch
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SHAPES = [(64, 4096), (16, 32768), (128, 2048)]
 CALLS_PER_GRAPH = 10
-FORMS = ("contiguous", "paged 16", "paged 256", "paged 16 in order")  # the sweep's forms of our decode
 
 
 def _graph_time_us(fn, replays: int) -> float:
@@ -167,125 +159,6 @@ def kernel_rows(results: list, quick: bool, rounds: int = 3) -> None:
         del q, k, v, contenders, forms
 
 
-def _planned_splits(variant: str, batch: int, length: int) -> int:
-    """The split-KV factor the launcher picks for one of our forms at (batch, length) (GQA 32/8, one query)."""
-    from hf_flashpatch.kernels import decode
-
-    config = decode.variant_config(HEAD_DIM, True, "block_table", False, variant)
-    ctas = batch * KV_HEADS  # one 16-row tile holds the 4 query heads of a KV head
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return decode.choose_num_splits(ctas, length, sms, decode.ctas_per_sm(config), config.min_waves)
-
-
-def _precompile(variants) -> None:
-    """Compile the swept variants' cubins in parallel before timing (each form needs one addressing)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from hf_flashpatch.kernels import decode
-    from hf_flashpatch.kernels.build import compile_cubin, device_arch
-
-    arch = device_arch(torch.device("cuda"))
-    builds = {
-        decode.variant_config(HEAD_DIM, True, addressing, False, variant).build(arch)
-        for variant in variants
-        for addressing in ("contiguous", "block_table")
-    }
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(compile_cubin, builds))
-
-
-def sweep_rows(results: list, quick: bool, variants=None, rounds: int = 1) -> None:
-    """TB/s of decode variants (contiguous, paged 16, paged 256) next to SDPA cuDNN on the contiguous
-    cache, timed in ``rounds`` interleaved passes (the median is reported, so drift between passes
-    hits every contender alike), and each variant's max abs output difference from the default
-    variant (``DEFAULT_VARIANT``) on the same inputs."""
-    from torch.nn.attention import SDPBackend
-
-    from hf_flashpatch.kernels import decode
-
-    variants = list(variants or decode.VARIANTS)
-    if decode.DEFAULT_VARIANT not in variants:
-        variants.insert(0, decode.DEFAULT_VARIANT)
-    replays = 10 if quick else 20  # variants differ by a few percent: not fewer than 100 calls each
-    generator = torch.Generator().manual_seed(0)
-    previous = os.environ.get(decode.VARIANT_ENV)
-    _precompile(variants)
-    try:
-        for batch, length in SHAPES:
-            q, k, v, kv_bytes, forms = _our_forms(batch, length, generator, in_order_pages=True)
-            cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v)
-            os.environ[decode.VARIANT_ENV] = decode.DEFAULT_VARIANT
-            reference = {form: fn()[0].float() for form, fn in forms.items()}  # (B, 1, H, D)
-            error = {}
-            for variant in variants:
-                os.environ[decode.VARIANT_ENV] = variant
-                for form, fn in forms.items():
-                    try:
-                        error[variant, form] = (fn()[0].float() - reference[form]).abs().max().item()
-                    except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
-                        print(f"variant {variant} {form} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
-                        error[variant, form] = float("nan")
-            samples: dict[tuple[str, str], list[float]] = {}
-            for _ in range(rounds):
-                samples.setdefault(("sdpa cudnn", "contiguous"), []).append(
-                    kv_bytes / (_graph_time_us(cudnn, replays) * 1e-6) / 1e12
-                )
-                for variant in variants:
-                    os.environ[decode.VARIANT_ENV] = variant  # read at launch, so also at graph capture
-                    for form, fn in forms.items():
-                        if error[variant, form] != error[variant, form]:  # NaN: failed above
-                            continue
-                        tbs = kv_bytes / (_graph_time_us(fn, replays) * 1e-6) / 1e12
-                        samples.setdefault((variant, form), []).append(tbs)
-            median = {key: sorted(vals)[len(vals) // 2] for key, vals in samples.items()}
-            cudnn_tbs = median["sdpa cudnn", "contiguous"]
-            results.append({
-                "name": "variant sdpa cudnn contiguous", "series": "sdpa cudnn contiguous",
-                "panel": "decode variants TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
-                "value": cudnn_tbs, "unit": "TB/s", "vs_cudnn": 1.0,
-            })  # fmt: skip
-            for variant in variants:
-                for form in forms:
-                    tbs = median.get((variant, form), float("nan"))
-                    results.append({
-                        "name": f"variant {variant} {form}", "series": f"{variant} {form}",
-                        "panel": "decode variants TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
-                        "variant": variant, "form": form, "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / cudnn_tbs,
-                        "max_abs_diff_vs_default": error[variant, form],
-                        "num_splits": _planned_splits(variant, batch, length),
-                        "spread": max(samples.get((variant, form), [tbs])) - min(samples.get((variant, form), [tbs])),
-                    })  # fmt: skip
-            del q, k, v, forms, reference, cudnn
-    finally:
-        if previous is None:
-            os.environ.pop(decode.VARIANT_ENV, None)
-        else:
-            os.environ[decode.VARIANT_ENV] = previous
-
-
-def print_sweep_table(results: list) -> None:
-    """One line per (shape, form): each variant's TB/s and ratio to cuDNN of the same shape."""
-    rows = [r for r in results if r.get("panel", "").startswith("decode variants")]
-    if not rows:
-        return
-    variants = list(dict.fromkeys(r["variant"] for r in rows if "variant" in r))
-    print("\nvariant sweep: TB/s (x cuDNN contiguous, same run); splits; max |out - default| over all forms")
-    print(f"{'shape':<10} {'form':<11} {'cuDNN':>6} " + " ".join(f"{v:>15}" for v in variants))
-    by_key = {(r["x"], r["series"]): r for r in rows}
-    for shape in dict.fromkeys(r["x"] for r in rows):
-        cudnn = by_key[shape, "sdpa cudnn contiguous"]["value"]
-        for form in FORMS:
-            cells = []
-            for v in variants:
-                r = by_key.get((shape, f"{v} {form}"))
-                cells.append(f"{r['value']:.2f} ({r['vs_cudnn']:.3f})" if r else "-")
-            print(f"{shape:<10} {form:<11} {cudnn:6.2f} " + " ".join(f"{c:>15}" for c in cells))
-        splits = [str(by_key[shape, f"{v} paged 16"]["num_splits"]) for v in variants]
-        errs = [max(by_key[shape, f"{v} {f}"]["max_abs_diff_vs_default"] for f in FORMS) for v in variants]
-        print(f"{shape:<10} {'splits':<11} {'':>6} " + " ".join(f"{s:>15}" for s in splits))
-        print(f"{shape:<10} {'max diff':<11} {'':>6} " + " ".join(f"{e:>15.1e}" for e in errs))
-
-
 def _random_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -347,14 +220,8 @@ def generate_rows(results: list, quick: bool) -> None:
         })  # fmt: skip
 
 
-def run(results: list, quick: bool = False, sweep: bool = False, variants=None, rounds: int = 1,
-        sweep_only: bool = False) -> None:  # fmt: skip
-    if not sweep_only:
-        kernel_rows(results, quick, rounds=max(rounds, 3))
-    if sweep or sweep_only:
-        sweep_rows(results, quick, variants, rounds)
-    if sweep_only:
-        return
+def run(results: list, quick: bool = False, rounds: int = 3) -> None:
+    kernel_rows(results, quick, rounds=max(rounds, 3))
     try:
         generate_rows(results, quick)
     except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
@@ -364,22 +231,17 @@ def run(results: list, quick: bool = False, sweep: bool = False, variants=None, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--sweep", action="store_true", help="also time every decode kernel variant")
-    parser.add_argument("--sweep-only", action="store_true", help="only the variant sweep (no peers, no generate)")
-    parser.add_argument("--variants", default="", help="comma-separated VARIANTS to sweep (default: all)")
-    parser.add_argument("--rounds", type=int, default=1, help="interleaved timing passes of the sweep (median)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing passes (median; at least 3)")
     args = parser.parse_args()
     results: list[dict] = []
-    variants = [name for name in args.variants.split(",") if name] or None
-    run(results, quick=args.quick, sweep=args.sweep, variants=variants, rounds=args.rounds, sweep_only=args.sweep_only)
+    run(results, quick=args.quick, rounds=args.rounds)
     print(f"{'name':<34} {'shape':<12} {'value':>9}  unit   vs cuDNN  vs HBM  max err")
     for r in results:
         ratio = f"{r['vs_cudnn']:.2f}" if "vs_cudnn" in r else ""
         ceil = f"{r['vs_hbm_ceiling']:.2f}" if "vs_hbm_ceiling" in r else ""
-        err_key = next((key for key in ("max_abs_err_vs_sdpa_math", "max_abs_diff_vs_default") if key in r), None)
+        err_key = "max_abs_err_vs_sdpa_math" if "max_abs_err_vs_sdpa_math" in r else None
         err = f"{r[err_key]:.1e}" if err_key else ""
         print(f"{r['name']:<34} {r.get('x', ''):<12} {r['value']:9.3f}  {r['unit']:<6} {ratio:>7}  {ceil:>6}  {err}")
-    print_sweep_table(results)
 
 
 if __name__ == "__main__":

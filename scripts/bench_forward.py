@@ -7,8 +7,8 @@ FlashAttention's benchmark configuration: 16k tokens per batch (batch = 16384 //
 Tensors are ``(B, S, H, D)``; the peers get ``transpose(1, 2)`` views of the same memory.
 TFLOP/s = 4 * B * H * S^2 * D / time (halved for causal); time is the median of
 ``triton.testing.do_bench``. ``run(results, quick)`` appends one dict per (implementation, shape)
-for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of
-``hf_flashpatch.kernels.tiles.CANDIDATE_SHAPES``.
+for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of :data:`CANDIDATE_SHAPES`
+(passed to the kernel layer explicitly: nothing selects kernels by environment).
 """
 
 from __future__ import annotations
@@ -92,8 +92,6 @@ def run(results: list, quick: bool = False) -> None:
                 if head_dim == 128 and seqlen in ((2048,) if quick else (2048, 16384)):
                     peers["flex"] = _flex(q, k, v, causal)
                 ours_variants = {"ours": _ours(q, k, v, causal)}
-                for variant in _other_variants(head_dim, causal):  # the other bodies, timed in the same process
-                    ours_variants[f"ours:{variant}"] = _ours(q, k, v, causal, _variant_shape(head_dim, variant, causal))
                 reference = peers["sdpa_flash"]().transpose(1, 2).float()  # (B, S, H, D)
                 max_diffs = {name: (fn()[0].float() - reference).abs().max().item() for name, fn in ours_variants.items()}
                 panel = f"fwd d{head_dim} {'causal' if causal else 'full'}"
@@ -125,30 +123,37 @@ def _arch() -> str:
     return device_arch(torch.device("cuda"))
 
 
-def _variant_shape(head_dim: int, variant: str, causal: bool):
-    from hf_flashpatch.kernels.tiles import forward_tile_shape
+def _candidate_shapes() -> dict:
+    """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each)."""
+    from hf_flashpatch.kernels.heuristics import TileShape
 
-    return forward_tile_shape(head_dim, _arch(), variant, has_mask=causal)
-
-
-def _other_variants(head_dim: int, causal: bool) -> list:
-    """Forward variants other than the one in force that give this problem a different body."""
-    from hf_flashpatch.kernels.tiles import UNVERIFIED_VARIANTS, VARIANTS, selected_variant
-
-    default = _variant_shape(head_dim, selected_variant(), causal)
-    others = []
-    for variant in [v for v in VARIANTS if v not in UNVERIFIED_VARIANTS]:
-        shape = _variant_shape(head_dim, variant, causal)
-        if shape != default and shape not in [_variant_shape(head_dim, o, causal) for o in others]:
-            others.append(variant)
-    return others
+    return {
+        64: (
+            TileShape(block_m=128, block_n=128, num_warps=4),
+            TileShape(block_m=128, block_n=64, num_warps=4),
+            TileShape(block_m=128, block_n=64, num_warps=4, qk_prefetch=True),
+            TileShape(block_m=128, block_n=64, num_warps=4, q_in_registers=True),
+            TileShape(block_m=128, block_n=64, num_warps=4, kv_stages=3),
+            TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
+        ),
+        128: (
+            TileShape(block_m=128, block_n=64, num_warps=4),
+            TileShape(block_m=128, block_n=32, num_warps=4),
+            TileShape(block_m=128, block_n=32, num_warps=4, qk_prefetch=True),
+            TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3),
+            TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3, qk_prefetch=True),
+            TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True),
+            TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
+            TileShape(block_m=64, block_n=128, num_warps=4, wgmma=True),
+        ),
+    }
 
 
 def sweep_tiles(results: list, seqlen: int = 4096) -> None:
     """Time every candidate tile shape (and the default) at one seqlen, causal and not."""
-    from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, forward_tile_shape
+    from hf_flashpatch.kernels.heuristics import forward_tile_shape
 
-    for head_dim, shapes in CANDIDATE_SHAPES.items():
+    for head_dim, shapes in _candidate_shapes().items():
         batch, heads, q, k, v = _inputs(seqlen, head_dim)
         for causal in (False, True):
             reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
@@ -165,7 +170,7 @@ def sweep_tiles(results: list, seqlen: int = 4096) -> None:
 def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
     name += "-wgmma" if shape.wgmma else ""
-    name += "-ovl" if shape.overlap else ""
+    name += "-ws" if shape.warp_specialized else ""
     return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
 
 

@@ -1,8 +1,9 @@
-"""CPU checks of the backward kernel: every variant compiles for sm_90a without register spills (needs
+"""CPU checks of the backward kernel: every shipped build compiles for sm_90a without register spills (needs
 nvcc), tile configs fit, the torch fallback matches the oracle, and the autograd gets registered.
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
-bf16/fp16 x softcap, and each ``VARIANTS`` entry's d64/d128 builds); each holds the preprocess, dK/dV
+bf16/fp16 x softcap x deterministic), plus the tiled body that other GPUs take at d64/d128, compiled for
+sm_90a here (its float2 dQ atomics need sm_90: see notes/backward.md); each holds the preprocess, dK/dV
 (atomic-dQ and deterministic), dQ and convert kernels. ptxas' report must show every entry point with 0
 bytes of spill stores and loads, and the SASS must hold m16n8k16 HMMA and no local-memory traffic (when
 cuobjdump is at hand).
@@ -20,7 +21,7 @@ import pytest
 from ptxas_report import spills_by_entry
 
 from hf_flashpatch.errors import KernelUnsupported
-from hf_flashpatch.kernels.backward import all_builds
+from hf_flashpatch.kernels.backward import BackwardConfig, all_builds
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 
 ENTRIES = {"bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_dkdv", "bwd_dq", "bwd_convert_dq"}
@@ -31,18 +32,13 @@ needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 @pytest.mark.kernel_build
 @needs_nvcc
 def test_all_backward_builds_compile_without_spills():
-    builds = all_builds()
-    # 20 default builds (5 head dims x 2 dtypes x softcap) + the tiled variants' d64/d128 builds
-    # (tiled: 8; tiled_u1: 6, its d128 softcap builds are tiled's, which takes unroll 1 there; tiled_m128: 4, d64)
-    # + the wgmma body's 8 (d64/d128 x dtypes x softcap) + wgmma_serial's 4 (no softcap) + wgmma_dq_own's 4 (d64)
-    # + wgmma_bulk's 8 + wgmma_async's 8 + wgmma_m128's 4 (d64, 128-query steps)
-    assert len(builds) == len(set(builds)) == 74
-    assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 18
-    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 36
-    assert sum(("BWD_ASYNC_STAGES", "1") in b.defines for b in builds) == 12
+    builds = all_builds() + _tiled_builds()
+    # 20 default-body builds (5 head dims x 2 dtypes x softcap: the deterministic path at d64/d128) + the
+    # wgmma body's 8 (d64/d128 x dtypes x softcap) + the tiled body's 8
+    assert len(builds) == len(set(builds)) == 36
+    assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 8
+    assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 8
     assert sum(("BWD_WGMMA_BLOCK_M", "128") in b.defines for b in builds) == 4
-    assert sum(("BWD_WGMMA_DQ_OWN", "1") in b.defines for b in builds) == 4
-    assert sum(("BWD_DQ_BULK", "1") in b.defines for b in builds) == 8
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         reports = list(pool.map(lambda b: compile_cubin(b, verbose_ptxas=True), builds))
     for build, (cubin, report) in zip(builds, reports):
@@ -53,6 +49,16 @@ def test_all_backward_builds_compile_without_spills():
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
         # C7515: ptxas serialised the wgmma pipeline (an accumulator touched inside an async window)
         assert "C7515" not in report, f"{build}: wgmma serialised:\n{report}"
+
+
+def _tiled_builds():
+    """The tiled body's configs of other GPUs (sm_80 here), built for sm_90a."""
+    import torch
+
+    configs = [BackwardConfig.choose(d, dtype, softcap, "sm_80") for d in (64, 128)
+               for dtype in (torch.bfloat16, torch.float16) for softcap in (False, True)]  # fmt: skip
+    assert all(c.body == "tiled" for c in configs)
+    return [dataclasses.replace(c, arch="sm_90a").build() for c in configs]
 
 
 def _find_cuobjdump() -> str | None:
@@ -73,7 +79,7 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
     cuobjdump = _find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump not found")
-    for build in [b for b in all_builds() if ("HEAD_DIM", "128") in b.defines]:  # variants x bf16/fp16 x softcap
+    for build in [b for b in all_builds() + _tiled_builds() if ("HEAD_DIM", "128") in b.defines]:  # bodies x dtypes x softcap
         path = tmp_path / "bwd.cubin"
         path.write_bytes(compile_cubin(build)[0])
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
@@ -161,58 +167,37 @@ def test_autograd_registered_whichever_module_is_imported_first():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
 
 
-def test_variant_selection_by_environment(monkeypatch):
-    """$HF_FLASHPATCH_BWD_VARIANT picks a body where it serves, else the default; unset takes the measured
-    best per head dim (on sm_90a the wgmma body with mbarrier-handed stages at d64/d128; elsewhere tiled at d128 and tiled_m128 at d64;
-    the default body for other head dims, whose macros and so cache keys are unchanged); an unknown name
-    is refused naming it."""
+def test_body_choice():
+    """On sm_90a the wgmma body with mbarrier-handed stages at d64/d128 (d64 with 128-query steps);
+    elsewhere the tiled body (d64 with 128-query steps, d128 softcap with unroll 1); the default body for
+    other head dims and for deterministic=True."""
     import torch
 
-    from hf_flashpatch.kernels.backward import VARIANT_ENV, BackwardConfig
-
-    monkeypatch.delenv(VARIANT_ENV, raising=False)
     for head_dim in (64, 128):
         hopper = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_90a")
         assert hopper.body == "wgmma" and ("BWD_WGMMA", "1") in hopper.build().defines
-        assert hopper.wgmma_async and ("BWD_ASYNC_STAGES", "1") in hopper.build().defines  # measured default
-        assert hopper.wgmma_block_m == (128 if head_dim == 64 else 64)  # d64: wgmma_m128's 128-query steps
+        assert hopper.wgmma_block_m == (128 if head_dim == 64 else 64)
         ampere = BackwardConfig.choose(head_dim, torch.bfloat16, False, "sm_80")
-        assert ampere.body == "tiled" and ampere.arch == "sm_80"
-    assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_80") == BackwardConfig.choose(
-        128, torch.bfloat16, False, "sm_80", variant="tiled")  # fmt: skip
+        assert ampere.body == "tiled" and ampere.arch == "sm_80" and ampere.block_n == 128
+        assert ("BWD_TILED", "1") in ampere.build().defines
+        for arch in ("sm_90a", "sm_80"):
+            assert BackwardConfig.choose(head_dim, torch.bfloat16, False, arch, deterministic=True).body == "default"
     assert BackwardConfig.choose(64, torch.bfloat16, False, "sm_80").tiled_block_m == 128
-    monkeypatch.setenv(VARIANT_ENV, "wgmma")  # asked for on a GPU without wgmma: the mma.sync best instead
-    assert BackwardConfig.choose(128, torch.bfloat16, False, "sm_86").body == "tiled"
+    assert BackwardConfig.choose(128, torch.bfloat16, True, "sm_86").tiled_unroll == 1  # unroll 2 spills there
     with pytest.raises(KernelUnsupported, match="sm_90a"):
         dataclasses.replace(BackwardConfig.choose(128, torch.bfloat16, False), arch="sm_80").build()
     default = BackwardConfig.choose(96, torch.bfloat16, False)
-    assert default.body == "default" and not any(name == "BWD_TILED" for name, _ in default.build().defines)
-    explicit = BackwardConfig.choose(128, torch.bfloat16, False, variant="default")
-    assert explicit.body == "default" and not any(name == "BWD_TILED" for name, _ in explicit.build().defines)
-    monkeypatch.setenv(VARIANT_ENV, "tiled")
-    tiled = BackwardConfig.choose(128, torch.bfloat16, False)
-    assert tiled.body == "tiled" and ("BWD_TILED", "1") in tiled.build().defines and tiled.block_n == 128
-    assert BackwardConfig.choose(256, torch.bfloat16, False) == BackwardConfig.choose(256, torch.bfloat16, False,
-                                                                                      variant="default")  # fmt: skip
-    assert BackwardConfig.choose(128, torch.bfloat16, True).tiled_unroll == 1  # unroll 2 spills there
-    monkeypatch.setenv(VARIANT_ENV, "tiled_m128")
-    assert BackwardConfig.choose(64, torch.float16, False).tiled_block_m == 128
-    assert BackwardConfig.choose(128, torch.float16, False).body == "default"
-    monkeypatch.setenv(VARIANT_ENV, "no_such_body")
-    with pytest.raises(ValueError, match="no_such_body"):
-        BackwardConfig.choose(64, torch.bfloat16, False)
+    assert default.body == "default" and not any(name in ("BWD_TILED", "BWD_WGMMA") for name, _ in default.build().defines)
 
 
-@pytest.mark.parametrize("variant", ["tiled", "tiled_u1", "tiled_m128"])
-def test_tiled_variants_fit_shared_memory(variant):
+def test_tiled_body_fits_shared_memory():
     import torch
 
-    from hf_flashpatch.kernels.backward import VARIANTS, BackwardConfig
-
-    for head_dim, softcap in VARIANTS[variant][0]:
-        cfg = BackwardConfig.choose(head_dim, torch.bfloat16, softcap, variant=variant)
-        assert cfg.body == "tiled" and cfg.dkdv_smem_bytes() <= SMEM_OPT_IN_LIMIT
-        assert 2 * cfg.tiled_block_m <= cfg.threads and cfg.tiled_block_m % 64 == 0
+    for head_dim in (64, 128):
+        for softcap in (False, True):
+            cfg = BackwardConfig.choose(head_dim, torch.bfloat16, softcap, "sm_80")
+            assert cfg.body == "tiled" and cfg.dkdv_smem_bytes() <= SMEM_OPT_IN_LIMIT
+            assert 2 * cfg.tiled_block_m <= cfg.threads and cfg.tiled_block_m % 64 == 0
 
 
 @pytest.mark.parametrize("kv_heads,batch,key_blocks", [(8, 1, 32), (8, 2, 16), (1, 3, 5), (4, 6, 1), (32, 8, 16),

@@ -332,7 +332,7 @@ def test_kernel_argument_lists_match_the_cuda_signatures():
 
     width = {"P": "u64", "q": "u64", "i": "u32", "f": "f32"}
     cases = [
-        (decode.variant_config(128, True, "slot", False, decode.DEFAULT_VARIANT).build(),
+        (decode.DecodeConfig(128, True, "slot", False).build(),
          {"hfp_decode_split": decode._DECODE_ARG_TYPES, "hfp_decode_combine": decode._DECODE_ARG_TYPES}),
         (decode.KV_APPEND_BUILD, {"hfp_kv_append": decode._APPEND_ARG_TYPES}),
         (backward.BackwardConfig.choose(64, torch.bfloat16, False).build(),

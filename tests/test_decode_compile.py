@@ -1,9 +1,6 @@
-"""CPU check of the decode kernels: every build of the default variant (head dims x dtypes x
-contiguous / block-table / slot addressing x softcap) and kv_append compile for sm_90a without
-register spills, and so do the D=128 builds of the candidates with builds of their own
-(``CANDIDATE_VARIANTS``: the head dim they are measured at). The other variants are compiled by
-``hf-flashpatch doctor --compile`` and on the GPU by ``tests/gpu/test_decode.py``. Also the
-split-KV heuristic's launch-side ``min_waves`` policy (plain arithmetic)."""
+"""CPU check of the decode kernels: every shipped build (head dims x dtypes x contiguous / block-table /
+slot addressing x softcap) and kv_append compile for sm_90a without register spills. Also the split-KV
+heuristic's ``min_waves`` policy (plain arithmetic)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -12,38 +9,15 @@ import pytest
 from ptxas_report import spills_by_entry
 
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
-from hf_flashpatch.kernels.decode import (
-    ADDRESSING,
-    DEFAULT_VARIANT,
-    SUPPORTED_HEAD_DIMS,
-    all_builds,
-    choose_num_splits,
-    variant_config,
-)
+from hf_flashpatch.kernels.decode import MIN_WAVES, DecodeConfig, all_builds, choose_num_splits
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
-CANDIDATE_VARIANTS = ("ahead", "ahead_l2", "pages_waves2", "pages_qregs_waves2", "ahead_qregs_waves2")
 
 
 def _default_builds():
-    builds = [
-        variant_config(d, bf16, addressing, softcap, DEFAULT_VARIANT).build()
-        for d in SUPPORTED_HEAD_DIMS
-        for bf16 in (True, False)
-        for addressing in ADDRESSING
-        for softcap in (False, True)
-    ]
-    candidates = [
-        variant_config(128, bf16, addressing, softcap, variant).build()
-        for variant in CANDIDATE_VARIANTS
-        for bf16 in (True, False)
-        for addressing in ADDRESSING
-        for softcap in (False, True)
-    ]
-    shipped = set(all_builds())
-    builds = list(dict.fromkeys(builds + candidates))  # the default may be one of the candidates
-    assert set(builds) <= shipped
-    return builds + [b for b in shipped if b.source == "kv_append.cu"]
+    builds = all_builds()
+    assert len(builds) == len(set(builds)) == 5 * 2 * 3 * 2 + 1  # head dims x dtypes x addressing x softcap
+    return builds
 
 
 @pytest.mark.kernel_build
@@ -72,26 +46,12 @@ def test_min_waves_split_policy():
         assert choose_num_splits(1024, 2048, 132, 2, min_waves) == 1
         assert choose_num_splits(8, 256, 132, 2, min_waves) == 1  # too few keys to split at all
     assert choose_num_splits(16, 2048, 132, 2, min_waves=4) == 2048 // 256  # capped by keys per split
-    # launch-side variants reuse the compiled kernel of the variant they extend
-    assert variant_config(128, True, "block_table", False, "waves2").build() == (
-        variant_config(128, True, "block_table", False, "coalesced").build()
-    )
-    assert variant_config(128, True, "block_table", False, "ahead_waves2").build() == (
-        variant_config(128, True, "block_table", False, "ahead").build()
-    )
+    assert MIN_WAVES == 2  # what the launcher asks for
 
 
-def test_page_tiles_switch_only_changes_the_block_table_build():
-    """``page_tiles`` addresses pages, so the contiguous and slot builds of a variant with it are the
-    builds of the variant it extends (no duplicate cubins), and only the block-table build differs."""
-    for addressing in ("contiguous", "slot"):
-        assert variant_config(128, True, addressing, False, "pages_waves2").build() == (
-            variant_config(128, True, addressing, False, "ahead_waves2").build()
-        )
-    paged = variant_config(128, True, "block_table", False, "pages_waves2").build()
-    assert paged != variant_config(128, True, "block_table", False, "ahead_waves2").build()
-    assert ("PAGE_TILES", "1") in paged.defines
-    # D = 32 keeps the per-key copy form (its page-tile build spills in the prologue)
-    assert variant_config(32, True, "block_table", False, "pages_waves2").build() == (
-        variant_config(32, True, "block_table", False, "ahead_waves2").build()
-    )
+def test_page_tiles_are_the_block_table_builds_but_d32():
+    """The copy form is derived in cuda/decode_common.cuh (PAGE_TILES) from the addressing and the head
+    dim, so the Python config passes no switch: one build per (head dim, dtype, addressing, softcap)."""
+    paged = DecodeConfig(128, True, "block_table", False).build()
+    assert dict(paged.defines) == {"HEAD_DIM": "128", "ELEM_BF16": "1", "KV_ADDRESSING": "1", "SOFTCAP": "0",
+                                   "STAGES": "3"}  # fmt: skip

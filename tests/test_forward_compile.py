@@ -1,4 +1,4 @@
-"""CPU checks of the forward kernels: every shipped variant (mma.sync and Hopper wgmma bodies) compiles for
+"""CPU checks of the forward kernels: every shipped build (mma.sync and Hopper wgmma bodies) compiles for
 sm_90a without register spills,
 the op's schema and fake (meta) implementation give the documented shapes, and unsupported inputs raise
 KernelUnsupported before any GPU work. Layout: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``.
@@ -17,17 +17,10 @@ import torch
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 from hf_flashpatch.kernels.forward import SUPPORTED_HEAD_DIMS, ForwardConfig, all_builds, attention_forward
-from hf_flashpatch.kernels.tiles import CANDIDATE_SHAPES, DEFAULT_VARIANT, HOPPER_VARIANTS, VARIANTS, forward_tile_shape
+from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES, forward_tile_shape
 
 BUILDS = all_builds()
-# the sweep's extra tile shapes compile here too, so a device run never meets a spilling candidate
-CANDIDATE_BUILDS = [
-    ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape, "sm_90a").build("sm_90a")
-    for head_dim, shapes in CANDIDATE_SHAPES.items()
-    for shape in shapes
-    for has_mask in (False, True)
-]
-ALL_COMPILED = list(dict.fromkeys(BUILDS + CANDIDATE_BUILDS))
+ALL_COMPILED = BUILDS
 
 
 def _ptxas_numbers(report: str) -> dict[str, int]:
@@ -107,47 +100,40 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{_build_id(build)}: local-memory traffic in the SASS"
 
 
-def test_all_builds_cover_every_variant_dtype_head_dim_and_mask():
+def test_all_builds_cover_every_dtype_head_dim_and_mask():
     def key(b):
-        return b.source, dict(b.defines).get("OVERLAP"), dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]
+        return b.source, dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]
 
     configs = {key(b) for b in BUILDS}
-    # mma.sync: every head dim; wgmma: the plain, overlapped and warp-specialised bodies at d64/d128;
-    # x dtypes x masking
-    assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + 3 * 2) * 2 * 2
-    assert set(VARIANTS) == {"mma", *HOPPER_VARIANTS}
+    # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, wgmma (plain or warp-specialised)
+    # at d64/d128
+    assert len(BUILDS) == len(configs) == len(SUPPORTED_HEAD_DIMS) * 2 * 2
+    assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper.cu", "fwd_hopper_ws.cu"}
+    assert {b.source for b in all_builds("sm_80")} == {"fwd.cu"}
 
 
-def test_wgmma_variant_picks_the_overlapped_body_for_masked_d128_only():
-    plain = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=False)
-    masked = forward_tile_shape(128, "sm_90a", "wgmma", has_mask=True)
-    assert plain.wgmma and not plain.overlap and masked.wgmma and masked.overlap
-    assert not forward_tile_shape(64, "sm_90a", "wgmma", has_mask=True).overlap
-
-
-def test_default_hopper_variant_is_warp_specialised_except_unmasked_d64():
-    assert DEFAULT_VARIANT == "hopper"
+def test_hopper_shape_is_warp_specialised_except_unmasked_d64():
     for head_dim, has_mask in ((128, False), (128, True), (64, True)):
         assert forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask).warp_specialized, (head_dim, has_mask)
     plain_d64 = forward_tile_shape(64, "sm_90a", has_mask=False)
-    assert plain_d64.wgmma and not plain_d64.warp_specialized and not plain_d64.overlap
+    assert plain_d64.wgmma and not plain_d64.warp_specialized
     assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
 def test_wgmma_body_only_on_sm90a():
-    for variant in HOPPER_VARIANTS:
-        assert forward_tile_shape(128, "sm_90a", variant).wgmma
-        assert not forward_tile_shape(128, "sm_80", variant).wgmma  # Ampere / Ada: the mma.sync body
-        assert not forward_tile_shape(96, "sm_90a", variant).wgmma  # head dims the wgmma body does not serve
-    config = ForwardConfig.for_problem(128, "bf16", False, forward_tile_shape(128, "sm_90a", "wgmma"), "sm_90a")
+    for head_dim in HOPPER_SHAPES:
+        assert forward_tile_shape(head_dim, "sm_90a").wgmma
+        assert not forward_tile_shape(head_dim, "sm_80").wgmma  # Ampere / Ada: the mma.sync body
+    assert not forward_tile_shape(96, "sm_90a").wgmma  # head dims the wgmma body does not serve
+    config = ForwardConfig.for_problem(128, "bf16", False, forward_tile_shape(128, "sm_90a"), "sm_90a")
     with pytest.raises(KernelUnsupported, match="sm_90a"):
         config.build("sm_89")
 
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_tile_shapes_are_valid_and_fit_shared_memory(head_dim):
-    shapes = [forward_tile_shape(head_dim, "sm_90a", variant, m) for variant in VARIANTS for m in (False, True)]
-    for shape in (*shapes, *CANDIDATE_SHAPES.get(head_dim, ())):
+    shapes = [forward_tile_shape(head_dim, arch, m) for arch in ("sm_90a", "sm_80") for m in (False, True)]
+    for shape in shapes:
         config = ForwardConfig.for_problem(head_dim, "bf16", True, shape)  # validates divisibility
         assert config.shared_bytes <= 232448, config
 
@@ -158,7 +144,7 @@ def test_config_rejects_bad_tiles():
     with pytest.raises(ValueError, match="invalid tile"):
         ForwardConfig(head_dim=64, dtype="bf16", block_m=96, block_n=64, num_warps=4)
     with pytest.raises(ValueError, match="invalid wgmma tile"):
-        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True, overlap=True)
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True, warp_specialized=True)
     with pytest.raises(ValueError, match="invalid wgmma tile"):
         ForwardConfig(head_dim=96, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)
 

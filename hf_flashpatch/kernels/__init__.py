@@ -3,10 +3,11 @@
 Modules (each exposes plain functions on torch tensors and raises
 :class:`hf_flashpatch.errors.KernelUnsupported` for what it cannot serve):
 
-- ``build``:    nvcc + on-disk cubin cache + PyCUDA load/launch on torch's stream;
-- ``forward``:  FlashAttention forward (batched and varlen), a differentiable custom op;
-- ``backward``: the fused backward behind that op's autograd;
-- ``decode``:   split-KV decode over a contiguous, paged (block table) or slot-indexed KV cache.
+- ``build``:      nvcc + on-disk cubin cache + PyCUDA load/launch on torch's stream;
+- ``heuristics``: the decision room: which body, tiles and split-KV factor serve a call (shipped only);
+- ``forward``:    FlashAttention forward (batched and varlen), a differentiable custom op;
+- ``backward``:   the fused backward behind that op's autograd;
+- ``decode``:     split-KV decode over a contiguous, paged (block table) or slot-indexed KV cache.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
     if major < 8:
         return f"compute capability {major}.{minor} < 8.0"
     return _toolchain_problem()
+
+
+def fold_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
+    """The kernels' window ``(left, right)``: -1 unbounded (any negative bound becomes -1); causal is
+    bottom-right aligned, so it clamps ``right`` to at most 0. The one Python definition for every kernel
+    (the reference's ``normalize_window`` is the same rule on the public ``(left, right)`` pair)."""
+    left = -1 if window_left < 0 else int(window_left)
+    right = -1 if window_right < 0 else int(window_right)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
 
 
 _warned: set[tuple[str, str]] = set()

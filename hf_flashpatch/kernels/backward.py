@@ -14,18 +14,13 @@ Launch sequence (one stream):
    fp32 workspace with atomics), then ``bwd_convert_dq`` (scale + cast). One pass over the 5 GEMMs.
    ``deterministic=True``: ``bwd_dkdv`` (no dQ) then ``bwd_dq`` (one block per query tile, dQ in
    registers, no atomics): bit-identical results run to run, at the price of recomputing ``Q K^T`` and
-   ``dO V^T`` (7 GEMMs instead of 5; measured 1.10-1.29x the atomic path's time on an H200, which is
-   why the atomic path is the default; see ``notes/backward.md``).
+   ``dO V^T`` (7 GEMMs instead of 5, so slower: the atomic path is the default; ``notes/backward.md``).
 
-Variants: ``$HF_FLASHPATCH_BWD_VARIANT`` (read by :meth:`BackwardConfig.choose` on every call) names a
-body from :data:`VARIANTS`: ``default`` (the per-warp 16-key body; used when unset for head dims
-other than 64/128, which take :data:`MEASURED_DEFAULT`, the fastest in the H200 sweeps),
-``tiled`` / ``tiled_u1`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of all five GEMMs, d64/d128),
-``tiled_m128`` (the same with 128-query steps, d64), ``wgmma`` (``cuda/bwd_hopper.cuh``: every GEMM on
-Hopper's warpgroup MMA; sm_90a only, the default there for d64/d128; other GPUs take the fastest
-mma.sync body instead). A variant that does not serve a head dim / softcap falls back to the default
-body; ``deterministic=True`` always takes the default body's two-kernel path. An unknown name raises
-``ValueError``.
+Bodies (chosen by :meth:`BackwardConfig.choose`): ``wgmma`` (``cuda/bwd_hopper.cuh``: every GEMM on
+Hopper's warpgroup MMA; sm_90a, d64/d128), ``tiled`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of
+all five GEMMs; d64/d128 on other GPUs) and ``default`` (the per-warp 16-key body of ``bwd_default.cuh``:
+the other head dims, and ``deterministic=True``, whose two-kernel path only it has). Benchmarks time
+another configuration by passing it to :func:`_kernel_backward` explicitly.
 
 Fallback: calls the kernels cannot serve (CPU, fp32, head dims other than 32/64/96/128/256, no
 pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) raise :class:`KernelUnsupported` from
@@ -36,7 +31,6 @@ pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) r
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -45,12 +39,13 @@ from typing import Optional
 import torch
 
 from ..errors import KernelUnsupported
-from . import kernels_unavailable_reason
+from . import fold_window, kernels_unavailable_reason
 from .backward_torch import torch_backward
-from .build import KernelBuild, arch_for_capability, get_kernel, variant_from_env
+from .build import KernelBuild, arch_for_capability, get_kernel
+from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from .heuristics import backward_tiles
 
 LOG2E = 1.4426950408889634
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
 
 
@@ -74,7 +69,6 @@ class BackwardConfig:
     ss_unroll: int = 2
     rs_unroll: int = 8
     dq_chunk: int = 32
-    prefetch_after_sync: bool = False  # 2 barriers per bwd_dkdv step instead of 3 (a sweep candidate)
     dq_warp_rows: int = 16  # query rows per warp in bwd_dkdv's dQ product; 32 halves its K re-reads
     arch: str = "sm_90a"
     # "default": the per-warp 16-key body of bwd_dkdv_dq_atomic; "tiled": cuda/bwd_tiled.cuh (all five
@@ -83,11 +77,7 @@ class BackwardConfig:
     body: str = "default"
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
-    wgmma_pipelined: bool = True  # wgmma body: form P^T while dP^T runs and dS^T while dV runs (no softcap)
-    wgmma_dq_own_keys: bool = False  # wgmma body, d64: dQ partial per warpgroup over its own keys, every step
-    wgmma_dq_bulk: bool = False  # wgmma body: dQ partials via shared memory + bulk async fp32 reductions
-    wgmma_async: bool = False  # wgmma body: 3 Q/dO stages handed over by mbarriers, no stage barrier per step
-    wgmma_block_m: int = 64  # wgmma body: queries per step (128: d64 only, dQ split by query rows)
+    wgmma_block_m: int = 64  # wgmma body: queries per step (128 at d64, dQ split by query rows; 64 at d128)
 
     @property
     def block_n(self) -> int:
@@ -103,76 +93,39 @@ class BackwardConfig:
 
     @staticmethod
     def choose(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str = "sm_90a",
-               variant: Optional[str] = None) -> "BackwardConfig":  # fmt: skip
-        """The tile choice, one branch per reason (registers are the limit: dK and dV accumulate in
-        registers for the whole block, 2 * 16 * head_dim / 32 fp32 per thread per warp).
-
-        ``variant`` (else ``$HF_FLASHPATCH_BWD_VARIANT``, else :data:`MEASURED_DEFAULT` for the head dim,
-        else ``"default"``) names an entry of
-        :data:`VARIANTS`; where that variant does not serve the head dim / softcap, the default config is
-        returned (so a variant can be switched on globally)."""
-        variant = variant or variant_from_env(VARIANT_ENV, MEASURED_DEFAULT.get(head_dim, "default"), VARIANTS)
-        if variant not in VARIANTS:  # named by the caller
-            raise ValueError(f"backward variant must be one of {sorted(VARIANTS)}, got {variant!r}")
-        base = BackwardConfig._choose_default(head_dim, dtype, softcap, arch)
-        serves, overrides = VARIANTS[variant]
-        if (head_dim, bool(softcap)) not in serves:
-            return base
-        if overrides.get("body") == "wgmma" and arch != "sm_90a":  # warpgroup MMA exists on Hopper only
-            return _choose_fallback_for_arch(head_dim, dtype, softcap, arch)
-        return _variant_fixups(dataclasses.replace(base, **overrides))
-
-    @staticmethod
-    def _choose_default(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> "BackwardConfig":
-        """The GPU-verified default body's tiles."""
+               deterministic: bool = False) -> "BackwardConfig":  # fmt: skip
+        """The config for a call: body and tiles from :func:`.heuristics.backward_tiles`; raises
+        :class:`KernelUnsupported` for head dims and dtypes the kernels do not serve."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise KernelUnsupported(f"backward kernel head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if dtype not in (torch.float16, torch.bfloat16):
             raise KernelUnsupported(f"backward kernel needs float16 or bfloat16, got {dtype}")
-        bf16 = dtype == torch.bfloat16
-        if head_dim == 256:
-            # 128 dK/dV registers per warp-row would not fit: two warps share 16 keys, each owning half
-            # of D (S and dP are computed by both), and bwd_dq takes 64-row tiles to fit its smem.
-            return BackwardConfig(256, bf16, softcap, block_m=32 if softcap else 64, d_split=2, dq_block_n=32,
-                                  dq_warps=4, arch=arch)  # fmt: skip
-        if softcap and head_dim >= 128:
-            # softcap keeps 1 - tanh^2 per score in registers: halve the query step to stay spill-free.
-            return BackwardConfig(head_dim, bf16, softcap, block_m=32, arch=arch)
-        if head_dim == 96:
-            # two warps share a query row group's 96 dQ columns: 48 each, one pass (chunks must divide it)
-            return BackwardConfig(head_dim, bf16, softcap, block_m=64, dq_chunk=48, arch=arch)
-        return BackwardConfig(head_dim, bf16, softcap, block_m=64, arch=arch)
+        tiles = backward_tiles(head_dim, bool(softcap), arch, deterministic)
+        return BackwardConfig(head_dim, dtype == torch.bfloat16, bool(softcap), arch=arch, **tiles)
 
     def build(self) -> KernelBuild:
         defines = (
             ("HEAD_DIM", self.head_dim), ("ELEM_BF16", int(self.bf16)), ("HAS_SOFTCAP", int(self.softcap)),
             ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
             ("DQ_BLOCK_N", self.dq_block_n), ("DQ_WARPS", self.dq_warps), ("SS_UNROLL", self.ss_unroll),
-            ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk),
-            ("PREFETCH_AFTER_SYNC", int(self.prefetch_after_sync)), ("DQ_WARP_ROWS", self.dq_warp_rows),
+            ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk), ("DQ_WARP_ROWS", self.dq_warp_rows),
         )  # fmt: skip
         if self.body == "tiled":  # appended only here, so the default builds keep their cache keys
             defines += (("BWD_TILED", 1), ("TILED_BLOCK_M", self.tiled_block_m), ("TILED_UNROLL", self.tiled_unroll))
         if self.body == "wgmma":
             if self.arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
-            defines += (("BWD_WGMMA", 1),) + (() if self.wgmma_pipelined else (("BWD_WGMMA_PIPELINED", 0),))
-            defines += (("BWD_WGMMA_DQ_OWN", 1),) if self.wgmma_dq_own_keys else ()
-            defines += (("BWD_DQ_BULK", 1),) if self.wgmma_dq_bulk else ()
-            defines += (("BWD_ASYNC_STAGES", 1),) if self.wgmma_async else ()
-            defines += (("BWD_WGMMA_BLOCK_M", self.wgmma_block_m),) if self.wgmma_block_m != 64 else ()
+            defines += (("BWD_WGMMA", 1), ("BWD_WGMMA_BLOCK_M", self.wgmma_block_m))
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
     def dkdv_smem_bytes(self) -> int:
         pad_d, pad_m = self.head_dim + 8, self.block_m + 8
         if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
             keys, queries = 128, self.wgmma_block_m
-            stages, ds_buffers = (3, 2) if self.wgmma_async else (2, 1)
+            stages, ds_buffers = 3, 2
             # K, V, Q/dO x stages, dS^T x buffers (2-byte elements)
             tiles = 2 * keys * self.head_dim + 2 * stages * queries * self.head_dim + ds_buffers * keys * queries
-            dq_stage = 2 * queries * (64 * 4 + 16) if self.wgmma_dq_bulk else 0  # 2 warpgroups x 64 padded rows
-            barriers = 8 * stages if self.wgmma_async else 0
-            return 2 * tiles + 2 * stages * 4 * queries + dq_stage + barriers + 1024
+            return 2 * tiles + 2 * stages * 4 * queries + 8 * stages + 1024
         if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
             m = self.tiled_block_m
             elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
@@ -184,77 +137,16 @@ class BackwardConfig:
         return 2 * (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.head_dim + 8)
 
 
-VARIANT_ENV = "HF_FLASHPATCH_BWD_VARIANT"
-_TILED_DIMS = frozenset({(64, False), (64, True), (128, False), (128, True)})
-# name -> ((head_dim, softcap) pairs it serves, BackwardConfig overrides). "default" is the GPU-verified
-# body; the tiled ones are cuda/bwd_tiled.cuh (FA2's 2-D warp tiling, ~0.45 shared loads per MMA instead
-# of 0.60). tiled_u1 differs in the k-loop unroll only (fewer live fragments); d128 softcap takes
-# unroll 1 in both (unroll 2 spills 8 B there).
-VARIANTS: dict[str, tuple[frozenset, dict]] = {
-    "default": (frozenset(), {}),
-    "tiled": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 2}),
-    "tiled_u1": (_TILED_DIMS, {"body": "tiled", "tiled_unroll": 1}),
-    # FA2's d64 tile: 128-query steps (half the barriers per MMA; dQ warp tiles 64 x 16); 182 KB of shared
-    # memory at d64, too much at d128 (and 128 live accumulator registers per warp there)
-    "tiled_m128": (frozenset({(64, False), (64, True)}), {"body": "tiled", "tiled_unroll": 2, "tiled_block_m": 128}),
-    # Hopper (sm_90a): cuda/bwd_hopper.cuh, 2 warpgroups x 64 keys, 64-query steps, every GEMM on wgmma
-    "wgmma": (_TILED_DIMS, {"body": "wgmma"}),
-    # the same with one wait for S^T and dP^T and one pass forming P^T and dS^T (as measured in 19dc1b8)
-    "wgmma_serial": (frozenset({(64, False), (128, False)}), {"body": "wgmma", "wgmma_pipelined": False}),
-    # d64: each warpgroup adds dQ over its own 64 keys every step (no block barrier between dS^T and dQ,
-    # equal work per warpgroup; twice the dQ atomics) instead of one warpgroup per step over all 128 keys
-    "wgmma_dq_own": (frozenset({(64, False), (64, True)}), {"body": "wgmma", "wgmma_dq_own_keys": True}),
-    # dQ partials staged in shared memory and added by the copy engine (cp.reduce.async.bulk) instead of
-    # per-thread float2 atomics
-    "wgmma_bulk": (_TILED_DIMS, {"body": "wgmma", "wgmma_dq_bulk": True}),
-    # three Q/dO stages handed over by mbarriers and two dS^T buffers: no block barrier at a step's start, so
-    # the warpgroups meet once per step (d64: the one without dQ runs ahead into the next step)
-    "wgmma_async": (_TILED_DIMS, {"body": "wgmma", "wgmma_async": True}),
-    # d64: the same with 128-query steps (wgmma n128 for S^T / dP^T, half the per-step synchronisation per FLOP,
-    # dQ split by query rows so both warpgroups do it every step); 195 KB of shared memory
-    "wgmma_m128": (frozenset({(64, False), (64, True)}), {"body": "wgmma", "wgmma_async": True, "wgmma_block_m": 128}),
-}
-
-
-# The body used when the environment names none, per head dim: the fastest variant of the H200 sweep
-# (results/2026-11-29_9cf0ea0_backward-decode-variants, every variant passed the GPU test grid there):
-# d128 tiled 227 vs 217 TFLOP/s at 4k (+4%), 237 vs 224 at 16k (+5%); d64 tiled_m128 196 vs 190 at 4k
-# (+3%), 204 vs 196 at 16k (+4%). Other head dims keep the per-warp 16-key body.
-MEASURED_DEFAULT_MMA: dict[int, str] = {64: "tiled_m128", 128: "tiled"}
-# On Hopper the wgmma body wins everywhere it serves (results/2026-11-29_19dc1b8_wgmma-backward-decode-candidates,
-# --quick, TFLOP/s vs the mma.sync default): d128 292 vs 218 (2k) and 336 vs 234 (16k) non-causal, 242 vs 184 and
-# 337 vs 235 causal; d64 237-262 vs 164-205. Elsewhere choose() maps it back to MEASURED_DEFAULT_MMA.
-# Then wgmma_async (Q/dO stages handed over by mbarriers, no block barrier at a step's start) beat it at every
-# measured cell (results/2026-12-01_4a4f07b_bwd-async-stages, --quick, TFLOP/s): d64 304 vs 278 (16k full), 303 vs
-# 278 (16k causal), 276 / 235 vs 254 / 218 at 2k; d128 379 vs 360 and 382 vs 362 at 16k, 340 / 280 vs 322 / 266 at 2k.
-# Then at d64 wgmma_m128 (the same with 128-query steps) beat wgmma_async at every measured cell
-# (results/2026-12-01_f666735_bwd-m128, --quick, TFLOP/s): 16k 347 vs 302 (full and causal), 2k 310 vs 275 full,
-# 261 vs 234 causal.
-MEASURED_DEFAULT: dict[int, str] = {64: "wgmma_m128", 128: "wgmma_async"}
-
-
-def _choose_fallback_for_arch(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str) -> BackwardConfig:
-    """Off Hopper, a wgmma variant request takes the mma.sync body measured fastest for the head dim."""
-    fallback = MEASURED_DEFAULT_MMA.get(head_dim, "default")
-    return BackwardConfig.choose(head_dim, dtype, softcap, arch, variant=fallback)
-
-
-def _variant_fixups(cfg: BackwardConfig) -> BackwardConfig:
-    if cfg.body == "tiled" and cfg.head_dim == 128 and cfg.softcap:
-        return dataclasses.replace(cfg, tiled_unroll=1)
-    return cfg
-
-
-def all_builds() -> list[KernelBuild]:
-    """Every build :func:`attention_backward` can launch on sm_90a, each variant's (for the CI compile check)."""
+def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
+    """Every build :func:`attention_backward` can launch on ``arch`` (for the CI compile check)."""
     builds = [
-        BackwardConfig.choose(d, dtype, softcap, variant=name).build()
-        for name in VARIANTS
+        BackwardConfig.choose(d, dtype, softcap, arch, deterministic).build()
         for d in SUPPORTED_HEAD_DIMS
         for dtype in (torch.bfloat16, torch.float16)
         for softcap in (False, True)
+        for deterministic in (False, True)
     ]
-    return list(dict.fromkeys(builds))  # variants fall back to the default build where they do not serve
+    return list(dict.fromkeys(builds))
 
 
 # ------------------------------------------------------------------------------------ launching
@@ -269,16 +161,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def normalize_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
-    """(left, right) with -1 unbounded; causal (bottom-right) clamps right to 0."""
-    left = -1 if window_left < 0 else int(window_left)
-    right = -1 if window_right < 0 else int(window_right)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
-def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float) -> BackwardConfig:
+def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float,
+                    deterministic: bool = False) -> BackwardConfig:  # fmt: skip
     """The config that serves this call, or :class:`KernelUnsupported` saying why none does."""
     reason = kernels_unavailable_reason(q)
     if reason is not None:
@@ -286,7 +170,7 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     if v.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs v's head_dim == q's, got {tuple(v.shape)} and {tuple(q.shape)}")
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
-    cfg = BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch)
+    cfg = BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch, bool(deterministic))
     limit = getattr(torch.cuda.get_device_properties(q.device), "shared_memory_per_block_optin", None)
     needed = max(cfg.dkdv_smem_bytes(), cfg.dq_smem_bytes())
     if limit is not None and needed > limit:  # e.g. Ada (99 KB) at head dim 128: sized for Hopper/A100
@@ -357,8 +241,8 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))
     cu = (cu_q, cu_k) if varlen else (None, None)
     cu_tensors = (cu_q, cu_k) if varlen else ()
-    if deterministic and cfg.body != "default":  # the tiled body has no dQ-free twin: use the default's
-        cfg = BackwardConfig._choose_default(head_dim, q.dtype, cfg.softcap, cfg.arch)
+    if deterministic and cfg.body != "default":  # an explicit cfg of another body: it has no dQ-free twin
+        cfg = BackwardConfig.choose(head_dim, q.dtype, cfg.softcap, cfg.arch, deterministic=True)
         build = cfg.build()
     key_blocks = (seqlen_k + cfg.block_n - 1) // cfg.block_n
     grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, _sm_count(device), choice=cfg.body == "wgmma")
@@ -402,7 +286,7 @@ def _backward_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op body: the kernel when it serves the call, else :func:`torch_backward` (warns once)."""
     try:
-        cfg = check_supported(q, k, v, softcap)
+        cfg = check_supported(q, k, v, softcap, deterministic)
         return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
     except KernelUnsupported as exc:
@@ -449,9 +333,9 @@ def attention_backward(
         raise ValueError("varlen backward needs max_seqlen_q and max_seqlen_k")
     if dout.shape != q.shape or out.shape != q.shape:
         raise ValueError(f"dout and out must match q {tuple(q.shape)}, got {tuple(dout.shape)} and {tuple(out.shape)}")
-    check_supported(q, k, v, softcap)
+    check_supported(q, k, v, softcap, deterministic)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    left, right = normalize_window(causal, window_left, window_right)
+    left, right = fold_window(causal, window_left, window_right)
     return _backward_op(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                         int(max_seqlen_k), scale, left, right, float(softcap or 0.0), bool(deterministic))  # fmt: skip
 
@@ -463,7 +347,7 @@ def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap, deterministic = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-    left, right = normalize_window(causal, left, right)
+    left, right = fold_window(causal, left, right)
     ctx.attrs = (int(max_q), int(max_k), float(scale), left, right, float(softcap or 0.0), bool(deterministic))
 
 

@@ -84,15 +84,6 @@ def arch_for_capability(major: int, minor: int) -> str:
     return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
-def variant_from_env(env_var: str, default: str, names) -> str:
-    """The kernel variant named by ``$env_var`` (unset or empty: ``default``), checked against ``names``
-    (read at every launch, so a CUDA graph captured after setting it records that variant)."""
-    name = os.environ.get(env_var) or default
-    if name not in names:
-        raise ValueError(f"{env_var} must be one of {sorted(names)}, got {name!r}")
-    return name
-
-
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math")  # every kernel's; part of the cache key
 NVCC_ENV_FLAGS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS")  # nvcc adds these itself: keyed too
 

@@ -15,11 +15,6 @@ Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims oth
 32/64/96/128/256 (64 and 128 are the tuned ones), more than 64 query rows per KV head
 (``S_q * group``: the forward kernel is the better tool), a last dim that is not contiguous or rows
 that are not 16-byte aligned (the caches are never copied).
-
-Kernel variants: ``HF_FLASHPATCH_DECODE_VARIANT=<name>`` (read at every launch) picks one of
-:data:`VARIANTS` (``default``: the original kernel, compiled bit-for-bit as before). The others change
-only how K/V tiles are fetched (``cuda/decode_kv_load.cuh``, ``cuda/decode.cu``) or, on the launch side,
-the split-KV factor (``min_waves``); all compute the same attention (up to summation order).
 """
 
 from __future__ import annotations
@@ -30,35 +25,25 @@ import math
 import torch
 
 from ..errors import KernelUnsupported
-from . import forward_torch, kernels_unavailable_reason, warn_fallback_once
+from . import fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
-    DEFAULT_VARIANT,
     MAX_ROWS_PER_KV_HEAD,
-    MIN_KEYS_PER_SPLIT,
     ROWS_PER_CTA,
     SUPPORTED_HEAD_DIMS,
     TILE_KEYS,
-    VARIANT_ENV,
-    VARIANTS,
     WARPS,
     DecodeConfig,
     all_builds,
-    choose_num_splits,
-    ctas_per_sm,
-    selected_variant,
-    variant_config,
 )
+from .heuristics import MIN_KEYS_PER_SPLIT, MIN_WAVES, choose_num_splits, ctas_per_sm  # noqa: F401 - re-exported
 
 
 # Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
 _DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPPiPqiPi" + "PqqqPqqqPP" + "iiiiiiffii"
 _APPEND_ARG_TYPES = "PPqqqqPPqqqqPiiiq"
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
-
-# ------------------------------------------------------------------------------------ heuristics
-
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
@@ -118,7 +103,7 @@ def _launch(
     softmax_scale, softcap, window_left, window_right, key_starts=None,
 ):  # fmt: skip
     """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
-    config = variant_config(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap), selected_variant())
+    config = DecodeConfig(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap))
     build = config.build(device_arch(q.device))
     split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, q.device)
     group = heads // kv_heads
@@ -128,9 +113,7 @@ def _launch(
     row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
-    num_splits = choose_num_splits(
-        ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config), config.min_waves
-    )
+    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config), MIN_WAVES)
     o_part = lse_part = None
     if num_splits > 1:
         # (split, flat token, H, D) and (split, flat token, H)
@@ -311,7 +294,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
     Raises :class:`KernelUnsupported` up front for calls the kernel does not serve; with
     ``torch_fallback=True`` the op serves them with its torch path (a run-time choice inside the op, so
     the call traces to one graph node under ``torch.compile``)."""
-    window_right = _causal_right(causal, window_right)
+    window_left, window_right = fold_window(causal, window_left, window_right)
     batch, seqlen_q, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
     if not torch_fallback:
@@ -330,7 +313,7 @@ def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, 
                          window_right, softcap):  # fmt: skip
     """Block-table pool. q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)`` (any page
     size); ``page_table`` int32 ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``."""
-    window_right = _causal_right(causal, window_right)
+    window_left, window_right = fold_window(causal, window_left, window_right)
     batch, seqlen_q, heads, _ = q.shape
     _check_common(q, k_pages, v_pages, heads, k_pages.shape[2], seqlen_q)
     page_table = page_table.to(device=q.device, dtype=torch.int32)
@@ -363,7 +346,7 @@ def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, ma
     """Packed slot form (continuous batching): q ``(T_q, H, D)``, sequence b owns q rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``<= max_seqlen_q``, a host int) and keys
     ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
-    window_right = _causal_right(causal, window_right)
+    window_left, window_right = fold_window(causal, window_left, window_right)
     heads = q.shape[1]
     num_seqs = max(1, cu_seqlens_k.shape[0] - 1)
     # Packed batches of CUDA-graph runs pad max_seqlen_q to the token count, so judge by the mean
@@ -393,13 +376,6 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots) -> None:
                 f"kv_append needs 16-byte aligned rows of {name}, got strides {t.stride()} shape {tuple(t.shape)}"
             )
     _kv_append_op(k_new, v_new, k_pool, v_pool, slots.to(device=k_new.device, dtype=torch.int64).contiguous())
-
-
-def _causal_right(causal: bool, window_right: int) -> int:
-    """Causal is ``window_right = 0`` (callers through the API have folded it in already)."""
-    if causal:
-        return 0 if window_right < 0 else min(int(window_right), 0)
-    return int(window_right)
 
 
 def _scale_or_default(q: torch.Tensor, softmax_scale) -> float:

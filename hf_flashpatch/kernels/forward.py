@@ -1,6 +1,6 @@
 """FlashAttention forward kernels as the custom op ``hf_flashpatch::attention_forward``: ``cuda/fwd.cu``
 (mma.sync, every sm_80+ GPU and head dim) and, on Hopper at head dims 64/128, ``cuda/fwd_hopper.cu``
-(wgmma); which body serves a call is decided in :mod:`hf_flashpatch.kernels.tiles`.
+(wgmma); which body serves a call is decided in :mod:`hf_flashpatch.kernels.heuristics`.
 
 Layouts (flash-attn's):
 
@@ -31,9 +31,9 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import forward_torch
-from . import kernels_unavailable_reason, warn_fallback_once
+from . import fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
-from .tiles import VARIANTS, TileShape, forward_tile_shape
+from .heuristics import TileShape, forward_tile_shape
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -64,15 +64,14 @@ class ForwardConfig:
     ctas_per_sm: int = 1
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper.cu): block_m = 64 per warpgroup of 4 warps
-    overlap: bool = False  # wgmma body only: P V of tile i overlaps the softmax of tile i + 1
     warp_specialized: bool = False  # wgmma body only: + a producer warpgroup (in num_warps) streaming K/V
 
     def __post_init__(self):
         if self.wgmma:
             self._check_wgmma()
             return
-        if self.overlap or self.warp_specialized:
-            raise ValueError(f"overlap and warp_specialized are wgmma-body options, got {self}")
+        if self.warp_specialized:
+            raise ValueError(f"warp_specialized is a wgmma-body option, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -92,14 +91,14 @@ class ForwardConfig:
         ok = (
             self.head_dim in (64, 128) and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
             and self.block_m == 64 * math_warpgroups
-            and self.kv_stages >= (3 if self.overlap or self.warp_specialized else 2)
+            and self.kv_stages >= (3 if self.warp_specialized else 2)
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
-            and not (self.warp_specialized and (self.overlap or math_warpgroups != 2))
+            and not (self.warp_specialized and math_warpgroups != 2)
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dim 64/128, block_n 64/128, block_m = 64 per math warpgroup, "
-                             f"num_warps % 4 == 0, 3 stages with overlap or warp specialisation, warp "
-                             f"specialisation with 2 math warpgroups and no overlap), got {self}")  # fmt: skip
+                             f"num_warps % 4 == 0, 3 stages with warp specialisation, warp specialisation with "
+                             f"2 math warpgroups), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -109,7 +108,7 @@ class ForwardConfig:
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, overlap=shape.overlap, warp_specialized=shape.warp_specialized,
+            wgmma=shape.wgmma, warp_specialized=shape.warp_specialized,
         )  # fmt: skip
 
     @property
@@ -138,7 +137,7 @@ class ForwardConfig:
             math_warpgroups = self.num_warps // 4 - int(self.warp_specialized)
             defines = (
                 ("HEAD_DIM", self.head_dim), ("BLOCK_N", self.block_n), ("NUM_WG", math_warpgroups),
-                ("KV_STAGES", self.kv_stages), ("OVERLAP", int(self.overlap)),
+                ("KV_STAGES", self.kv_stages),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
             source = "fwd_hopper_ws.cu" if self.warp_specialized else "fwd_hopper.cu"
@@ -154,17 +153,14 @@ class ForwardConfig:
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
-    """Every variant shipped: body x dtype x head dim x masking (the CI compile check walks this list)."""
-    builds = []
-    for variant in VARIANTS:
-        for dtype in ("bf16", "fp16"):
-            for head_dim in SUPPORTED_HEAD_DIMS:
-                for has_mask in (False, True):
-                    shape = forward_tile_shape(head_dim, arch, variant, has_mask)
-                    build = ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch).build(arch)
-                    if build not in builds:
-                        builds.append(build)
-    return builds
+    """Every build shipped for ``arch``: dtype x head dim x masking (the CI compile check walks this list)."""
+    builds = [
+        ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch).build(arch)
+        for dtype in ("bf16", "fp16")
+        for head_dim in SUPPORTED_HEAD_DIMS
+        for has_mask in (False, True)
+    ]
+    return list(dict.fromkeys(builds))
 
 
 # --------------------------------------------------------------------------------------- checks
@@ -192,14 +188,6 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
-def _normalized_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
-    left = -1 if window_left < 0 else int(window_left)
-    right = -1 if window_right < 0 else int(window_right)
-    if causal:
-        right = 0 if right < 0 else min(right, 0)
-    return left, right
-
-
 # --------------------------------------------------------------------------------------- launch
 
 
@@ -211,7 +199,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
     group = heads // kv_heads
-    left, right = _normalized_window(causal, window_left, window_right)
+    left, right = fold_window(causal, window_left, window_right)
     arch = device_arch(q.device)
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch)
     if config.shared_bytes > _MAX_SHARED_BYTES:
@@ -296,7 +284,7 @@ def attention_forward_op(
     except KernelUnsupported as exc:
         if q.is_cuda:
             warn_fallback_once("forward", str(exc))
-    left, right = _normalized_window(causal, window_left, window_right)
+    left, right = fold_window(causal, window_left, window_right)
     if cu_seqlens_q is not None:
         return forward_torch.varlen_attention_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, left,
                                                        right, softcap)  # fmt: skip

@@ -9,9 +9,10 @@ fp32 oracle, so these tests do not depend on the forward kernel; the end-to-end 
 ``hf_flashpatch.flash_attn_func(...).backward()``. The allocator is filled with NaN before each
 kernel call, so a gradient element the kernel never writes shows up as NaN.
 
-Every body of ``bwd.VARIANTS`` (selected by ``$HF_FLASHPATCH_BWD_VARIANT``, the ``variant`` fixture) runs
-the core grid (shapes x mha/gqa/mqa x dtypes x d64/d128 x causal), the window, softcap and varlen cases;
-each checks that the variant's body is the one launched.
+The shipped body choice and, at d64/d128, the other bodies this GPU can run (``tiled``, other GPUs' choice,
+and ``default``, the deterministic path's body, each forced through the heuristics: the ``variant``
+fixture) run the core grid (shapes x mha/gqa/mqa x dtypes x d64/d128 x causal), the window, softcap and
+varlen cases; each checks that the intended body is the one launched.
 """
 
 import math
@@ -29,17 +30,19 @@ pytest.importorskip("pycuda")
 
 import hf_flashpatch  # noqa: E402
 from hf_flashpatch.kernels import backward as bwd  # noqa: E402
+from hf_flashpatch.kernels import heuristics  # noqa: E402
+from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16]
 SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024)]
 HEADS = {"mha": (4, 4), "gqa": (4, 2), "mqa": (4, 1)}
-VARIANTS = list(bwd.VARIANTS)  # every selectable body runs the core grid ("default" is the shipped one)
+VARIANTS = ["shipped", "tiled", "default"]  # the shipped choice, and two bodies forced at d64/d128
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_all_builds():
-    """Compile every build (all variants) in parallel up front: the disk cache then serves the tests."""
+    """Compile every shipped build in parallel up front: the disk cache then serves the tests."""
     from concurrent.futures import ThreadPoolExecutor
 
     from hf_flashpatch.kernels.build import compile_cubin
@@ -48,24 +51,36 @@ def _compile_all_builds():
         list(pool.map(compile_cubin, bwd.all_builds()))
 
 
+def _shipped_body(head_dim):
+    if head_dim not in (64, 128):
+        return "default"
+    return "wgmma" if device_arch(torch.device("cuda")) == "sm_90a" else "tiled"
+
+
 @pytest.fixture(params=VARIANTS)
 def variant(request, monkeypatch):
-    """Select a body through the documented environment variable (read by BackwardConfig.choose)."""
-    monkeypatch.setenv(bwd.VARIANT_ENV, request.param)
+    """Force a body by giving BackwardConfig.choose other tiles: "tiled" takes the sm_80 choice (built for
+    this GPU), "default" the deterministic path's; "shipped" leaves the heuristics alone."""
+    real = heuristics.backward_tiles
+    if request.param == "tiled":
+        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False:
+                            real(d, softcap, "sm_80", deterministic))  # fmt: skip
+    elif request.param == "default":
+        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False:
+                            real(d, softcap, arch, True))  # fmt: skip
     return request.param
 
 
 def _skip_unless_served(variant, head_dim, softcap=False):
-    """A variant that does not serve this head dim runs the default body: already covered by "default"."""
-    if variant != "default" and (head_dim, bool(softcap)) not in bwd.VARIANTS[variant][0]:
-        pytest.skip(f"{variant} does not serve head dim {head_dim} (softcap={bool(softcap)}): default body")
+    """A forced body that is the shipped one for this head dim is already covered by "shipped"."""
+    if variant != "shipped" and (head_dim not in (64, 128) or _shipped_body(head_dim) == variant):
+        pytest.skip(f"{variant} is the shipped body at head dim {head_dim} here")
 
 
 def _assert_variant_used(variant, head_dim, dtype, softcap=False):
-    """The call under test really launches the variant's body (not the default it falls back to)."""
-    cfg = bwd.BackwardConfig.choose(head_dim, dtype, bool(softcap))
-    served = variant != "default" and (head_dim, bool(softcap)) in bwd.VARIANTS[variant][0]
-    want = bwd.VARIANTS[variant][1].get("body", "default") if served else "default"
+    """The call under test really launches the intended body."""
+    cfg = bwd.BackwardConfig.choose(head_dim, dtype, bool(softcap), device_arch(torch.device("cuda")))
+    want = _shipped_body(head_dim) if variant == "shipped" else variant
     assert cfg.body == want, f"{variant}: got body {cfg.body!r} for d{head_dim}"
 
 
@@ -206,8 +221,8 @@ def test_backward_strided_inputs():
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_varlen(heads, deterministic, causal, variant):
-    if variant != "default" and deterministic:
-        pytest.skip("deterministic=True takes the default body in every variant")
+    if variant != "shipped" and deterministic:
+        pytest.skip("deterministic=True takes the default body whatever the heuristics say")
     _skip_unless_served(variant, 128)
     h, hk = HEADS[heads]
     lens_q, lens_k = [1, 113, 0, 239, 1023, 64], [1, 203, 7, 239, 1024, 1]

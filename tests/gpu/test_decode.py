@@ -1,9 +1,7 @@
 """Decode kernels on a real GPU: contiguous vs the fp32 oracle, paged/slot == un-paged contiguous,
 kv_append, declines, CUDA-graph capture, torch.compile. Layout (batch, seqlen, heads, head_dim).
 
-The core correctness tests run once per kernel variant (``decode.VARIANTS``, selected through
-``HF_FLASHPATCH_DECODE_VARIANT`` exactly as a user would); their cubins are compiled in parallel
-before the first test so the variants add little wall time."""
+The cubins the tests use are compiled in parallel before the first test."""
 
 import concurrent.futures
 import math
@@ -19,16 +17,15 @@ decode = pytest.importorskip("hf_flashpatch.kernels.decode")
 DEV = "cuda"
 
 
-@pytest.fixture(params=sorted(decode.VARIANTS), ids=lambda name: f"variant={name}")
-def variant(request, monkeypatch):
-    """Run the test with HF_FLASHPATCH_DECODE_VARIANT set to each variant in turn."""
-    monkeypatch.setenv(decode.VARIANT_ENV, request.param)
-    return request.param
+@pytest.fixture
+def variant():
+    """The one shipped decode kernel (the tests once ran per kernel variant; their parameter stays)."""
+    return "shipped"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _compile_variants_in_parallel():
-    """Compile the (variant x head dim x dtype x addressing) cubins the tests below use, 16 at a time."""
+    """Compile the (head dim x dtype x addressing) cubins the tests below use, 16 at a time."""
     if not torch.cuda.is_available():
         return
     from hf_flashpatch.kernels.build import compile_cubin, device_arch
@@ -38,8 +35,7 @@ def _compile_variants_in_parallel():
     shapes |= {(64, True, "contiguous", True), (128, False, "contiguous", False)}
     shapes |= {(128, True, "block_table", False), (128, True, "slot", False)}
     shapes |= {(d, True, "block_table", False) for d in (32, 64, 96, 256)}
-    # A set: variants that differ only on the launch side (min_waves) share their builds.
-    builds = {decode.variant_config(*shape, name).build(arch) for name in decode.VARIANTS for shape in shapes}
+    builds = {decode.DecodeConfig(*shape).build(arch) for shape in shapes}
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(compile_cubin, builds))
 
@@ -277,36 +273,6 @@ def test_slot_varlen_packed_queries(variant):
         torch.testing.assert_close(out[q0:q1], ref[0], atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(lse[:, q0:q1], ref_lse[0], atol=1e-3, rtol=1e-3)
     assert torch.all(out[sum(lens_q) :] == 0) and torch.all(torch.isinf(lse[:, sum(lens_q) :]))
-
-
-def test_variants_agree_with_default_at_benchmark_shape(monkeypatch):
-    """Every variant gives the default kernel's answer (up to summation order) on a benchmark-like
-    shape: GQA 32/8, D=128, 4096 keys (split-KV: 128 CTAs fill less than a wave), contiguous and paged."""
-    q = torch.randn(16, 1, 32, 128, device=DEV, dtype=torch.bfloat16)
-    k = torch.randn(16, 8, 4096, 128, device=DEV, dtype=torch.bfloat16).transpose(1, 2)  # (B, L, H_kv, D) view
-    v = torch.randn(16, 8, 4096, 128, device=DEV, dtype=torch.bfloat16).transpose(1, 2)
-    seqlens = torch.full((16,), 4096, device=DEV, dtype=torch.int32)
-    seqlens[3] = 4001  # a partial last tile
-    k_pages, v_pages, table = _page(k.contiguous(), v.contiguous(), seqlens, 16, torch.Generator().manual_seed(1))
-    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
-    monkeypatch.setenv(decode.VARIANT_ENV, "default")
-    ref = decode.decode_forward(q, k, v, seqlens, **common)
-    for name in decode.VARIANTS:
-        monkeypatch.setenv(decode.VARIANT_ENV, name)
-        _poison_allocator()
-        for out, lse in (
-            decode.decode_forward(q, k, v, seqlens, **common),
-            decode.paged_decode_forward(q, k_pages, v_pages, table, seqlens, **common),
-        ):
-            assert not torch.isnan(out).any(), name
-            torch.testing.assert_close(out, ref[0], atol=1e-2, rtol=1e-2, msg=lambda m: f"{name}: {m}")
-            torch.testing.assert_close(lse, ref[1], atol=1e-4, rtol=1e-5, msg=lambda m: f"{name}: {m}")
-
-
-def test_unknown_variant_is_named(monkeypatch):
-    monkeypatch.setenv(decode.VARIANT_ENV, "fastest")
-    with pytest.raises(ValueError, match="got 'fastest'"):
-        decode.selected_variant()
 
 
 def test_kv_append_matches_index_copy():

@@ -1,0 +1,187 @@
+"""The decision room: which kernel body and tiles serve a call, for forward, backward and decode.
+
+Shipped configurations only, one function per family, a comment on each branch (FlashAttention-3's
+``tile_size.h`` / ``heuristics.h`` are the model). The frozen config dataclasses that key the compile
+cache stay with their kernels (``forward.ForwardConfig``, ``backward.BackwardConfig``,
+``decode_config.DecodeConfig``); this module decides their fields and imports none of them at module
+level. Benchmarks and tests that need another configuration pass it explicitly to the kernel layer
+(``forward._launch(..., shape)``, ``backward._kernel_backward(cfg, ...)``). Why each choice won, with
+its results folder: ``notes/``.
+
+- forward: :func:`forward_tile_shape` (``cuda/fwd.cu``, ``cuda/fwd_hopper.cu``, ``cuda/fwd_hopper_ws.cu``);
+- backward: :func:`backward_tiles` (``cuda/bwd.cu`` with ``bwd_default.cuh`` / ``bwd_tiled.cuh`` /
+  ``bwd_hopper.cuh``);
+- decode: :func:`choose_num_splits` and :func:`ctas_per_sm` (``cuda/decode.cu``; its compile-time
+  configuration has no choice left but dtype, head dim, addressing and softcap).
+
+:func:`forward_config`, :func:`backward_config` and :func:`decode_config` give the config a problem
+gets, for callers that enumerate problems (``scripts/check_shipped_cubins.py``).
+
+Forward tiles: q ``(batch, seqlen_q, heads, head_dim)``, k/v ``(batch, seqlen_k, kv_heads, head_dim)``.
+A CTA computes ``block_m`` packed query rows (query positions x the query heads of one GQA group)
+against ``block_n`` keys per step; each warp owns ``block_m / num_warps`` rows, i.e.
+``block_m / (16 * num_warps)`` m16n8k16 m-tiles. Two bodies: ``mma`` (``fwd.cu``, mma.sync m16n8k16,
+any sm_80+ GPU, every head dim) and, on Hopper (sm_90a) at head dims 64 and 128, ``wgmma``: warpgroup
+MMA, 64 rows per warpgroup, either ``fwd_hopper.cu`` (``block_m = 64 * num_warps / 4``) or the
+warp-specialised ``fwd_hopper_ws.cu`` (a producer warpgroup streaming K/V, counted in ``num_warps``).
+Every shipped shape compiles without register spills (``tests/test_*_compile.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# ============================================================================================ forward
+
+
+@dataclass(frozen=True)
+class TileShape:
+    block_m: int  # packed query rows per CTA
+    block_n: int  # keys per K/V tile
+    num_warps: int
+    kv_stages: int = 2  # depth of the cp.async K/V ring (2 = double buffering)
+    q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
+    qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
+    ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
+    wgmma: bool = False  # the Hopper body (fwd_hopper.cu); num_warps = 4 per 64-row warpgroup
+    warp_specialized: bool = False  # wgmma body: a producer warpgroup (counted in num_warps) streams K/V
+
+
+# The Hopper bodies (head dims 64 and 128 on sm_90a): two consumer warpgroups x 64 rows, 128-key tiles.
+_WGMMA = TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True)
+_WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True)
+# head dim -> shape, or (shape without masking, shape with causal / window masking):
+# - d128: the warp-specialised body (a producer warpgroup + two math warpgroups, mbarrier hand-off, 3 stages),
+#   fastest masked or not;
+# - d64: the plain body (one product at a time, double-buffered K/V) unmasked, where the producer warpgroup
+#   does not pay for itself; the warp-specialised body masked.
+HOPPER_SHAPES: dict[int, TileShape | tuple[TileShape, TileShape]] = {64: (_WGMMA, _WGMMA_WS), 128: _WGMMA_WS}
+
+
+def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False) -> TileShape:
+    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window). The
+    wgmma bodies serve head dims 64 and 128 on sm_90a; every other case takes the mma.sync table."""
+    if arch == "sm_90a" and head_dim in HOPPER_SHAPES:
+        shape = HOPPER_SHAPES[head_dim]
+        return shape[int(has_mask)] if isinstance(shape, tuple) else shape
+    return mma_tile_shape(head_dim)
+
+
+def mma_tile_shape(head_dim: int) -> TileShape:
+    """The mma.sync body's tile shape for ``head_dim`` (both dtypes, masked or not)."""
+    if head_dim == 32:
+        # Tiny rows: Q fits in 8 registers per thread, so 8 warps x 16 rows with wide 128-key tiles
+        # amortise the per-tile softmax and barrier cost.
+        return TileShape(block_m=128, block_n=128, num_warps=8, q_in_registers=True)
+    if head_dim == 64:
+        # flash-attn 2's shape: two m-tiles per warp (32 rows) halve the K/V shared-memory traffic
+        # per FLOP, and 128-key tiles halve the per-tile softmax / barrier cost; 255 registers.
+        return TileShape(block_m=128, block_n=128, num_warps=4)
+    if head_dim == 96:
+        # 8 warps x 16 rows, Q in registers (24 regs); the tile's 128 x 12 16-byte chunks divide over 256
+        # threads (row-walking loads need chunks per row to divide the threads; 12 does not, see fwd_tile_io).
+        return TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True)
+    if head_dim == 128:
+        # flash-attn 2's Hopper shape: 32 rows per warp, 64-key tiles; S (64) + O (128) accumulators
+        # leave no room for Q fragments, which are re-read from shared memory each k-step. 255
+        # registers.
+        return TileShape(block_m=128, block_n=64, num_warps=4)
+    if head_dim == 256:
+        # O alone is 128 registers per 16 rows: one m-tile per warp, Q re-read from shared memory,
+        # 64-row query tiles so two K/V stages still fit (169 KB of shared memory).
+        return TileShape(block_m=64, block_n=64, num_warps=4)
+    raise ValueError(f"no forward tile shape for head_dim {head_dim}; supported: 32, 64, 96, 128, 256")
+
+
+# =========================================================================================== backward
+
+BACKWARD_HEAD_DIMS = (32, 64, 96, 128, 256)
+
+
+def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", deterministic: bool = False) -> dict:
+    """``BackwardConfig`` fields (besides head dim, dtype, softcap, arch) for a call. Registers are the
+    limit: dK and dV accumulate in registers for the whole block, 2 * 16 * head_dim / 32 fp32 per
+    thread per warp. ``bwd_dkdv``: ``num_warps`` warps in ``num_warps / d_split`` groups of 16 keys;
+    ``bwd_dq`` (deterministic only): ``dq_warps * 16`` query rows, ``dq_block_n`` keys per step."""
+    if head_dim == 256:
+        # 128 dK/dV registers per warp-row would not fit: two warps share 16 keys, each owning half
+        # of D (S and dP are computed by both), and bwd_dq takes 64-row tiles to fit its smem.
+        base = dict(block_m=32 if softcap else 64, d_split=2, dq_block_n=32, dq_warps=4)
+    elif softcap and head_dim >= 128:
+        # softcap keeps 1 - tanh^2 per score in registers: halve the query step to stay spill-free.
+        base = dict(block_m=32)
+    elif head_dim == 96:
+        # two warps share a query row group's 96 dQ columns: 48 each, one pass (chunks must divide it)
+        base = dict(block_m=64, dq_chunk=48)
+    else:
+        base = dict(block_m=64)
+    if deterministic or head_dim not in (64, 128):
+        # The per-warp 16-key body: the only one with the dQ-free dK/dV kernel + dQ kernel pair that makes
+        # the result bit-identical run to run, and the only body for head dims 32, 96 and 256.
+        return dict(base, body="default")
+    if arch == "sm_90a":
+        # Hopper: every GEMM on warpgroup MMA, three Q/dO stages handed over by mbarriers; d64 takes
+        # 128-query steps (half the per-step synchronisation per FLOP), d128 64 (registers).
+        return dict(base, body="wgmma", wgmma_block_m=128 if head_dim == 64 else 64)
+    # Other GPUs: FA2's 2-D warp tiling; d64 with 128-query steps (FA2's d64 tile, 182 KB of shared
+    # memory), d128 with 64 (and k-loop unroll 1 with softcap: unroll 2 spills 8 bytes there).
+    return dict(base, body="tiled", tiled_block_m=128 if head_dim == 64 else 64,
+                tiled_unroll=1 if head_dim == 128 and softcap else 2)  # fmt: skip
+
+
+# ============================================================================================= decode
+
+MIN_KEYS_PER_SPLIT = 256  # each split gives the per-warp pipelines a few 16-key tiles
+# A split grid asks for about this many waves, so the block scheduler can even out CTAs that finish at
+# different times instead of the whole grid draining at once.
+MIN_WAVES = 2
+
+
+def ctas_per_sm(config) -> int:
+    """Resident CTAs per SM: shared memory bound (228 KB/SM, 1 KB reserved per CTA), at most 4."""
+    return max(1, min(4, (228 * 1024) // (config.shared_bytes + 1024)))
+
+
+def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int, min_waves: int = 1) -> int:
+    """Split-KV factor. Already a full wave of CTAs: 1 (splitting only adds the combine pass).
+    Otherwise the smallest split whose wave efficiency (CTAs / slots of the last wave) is within 5%
+    of the best reachable, with at least ``MIN_KEYS_PER_SPLIT`` keys per split so the per-warp
+    pipelines have a few tiles each, and (``min_waves > 1``) at least 90% of ``min_waves`` waves."""
+    slots = sm_count * resident_per_sm
+    if ctas >= slots:
+        return 1
+    max_splits = max(1, min(64, typical_keys // MIN_KEYS_PER_SPLIT))
+
+    def efficiency(s: int) -> float:
+        n = ctas * s
+        return n / (math.ceil(n / slots) * slots)
+
+    best = max(efficiency(s) for s in range(1, max_splits + 1))
+    enough_waves = (lambda s: ctas * s >= 0.9 * min_waves * slots) if min_waves > 1 else (lambda s: True)
+    fitting = [s for s in range(1, max_splits + 1) if efficiency(s) >= 0.95 * best and enough_waves(s)]
+    return fitting[0] if fitting else max_splits
+
+
+# ============================================================================ configs of whole problems
+
+
+def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str):
+    """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16")."""
+    from .forward import ForwardConfig
+
+    return ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch)
+
+
+def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministic: bool = False):
+    """The ``BackwardConfig`` the backward launches for a problem (``dtype``: a torch dtype)."""
+    from .backward import BackwardConfig
+
+    return BackwardConfig.choose(head_dim, dtype, softcap, arch, deterministic)
+
+
+def decode_config(head_dim: int, bf16: bool, addressing: str, softcap: bool):
+    """The ``DecodeConfig`` the decode launches for a problem."""
+    from .decode_config import DecodeConfig
+
+    return DecodeConfig(head_dim, bf16, addressing, softcap)

@@ -1,0 +1,189 @@
+"""Compile every shipped kernel build and write or compare a manifest of cubin sha256s (no GPU needed).
+
+    python scripts/check_shipped_cubins.py --compare scripts/shipped_cubins.json  # exit 1 if a cubin changed
+    python scripts/check_shipped_cubins.py --write manifest.json                  # record this tree's
+    git archive kernel-variants-before-contract | tar -x -C /tmp/old              # another checkout's:
+    python scripts/check_shipped_cubins.py --root /tmp/old --write old.json
+
+``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 (every entry byte-identical to
+the tag ``kernel-variants-before-contract``); a change that must not alter the kernels compares against
+it, a change that alters them on purpose (verified on a GPU) rewrites it.
+
+A kernel-layer refactor that must not change what runs (deleting unshipped variants, moving the tile
+choice) is proven harmless on the CPU by byte-identical cubins for every problem the default dispatch
+serves: forward (dtype x head dim x masking), backward (dtype x head dim x softcap x deterministic),
+decode (dtype x head dim x addressing x softcap) and kv_append, on sm_90a (the Hopper bodies) and on
+sm_80 (the portable mma.sync bodies). Entries are keyed by the problem, not by the build's ``-D``
+macros, so a change that renames or drops macros but compiles the same code still compares equal.
+
+Cubins are compiled through :func:`hf_flashpatch.kernels.build.compile_cubin` into a throwaway cache
+directory, in parallel (``--jobs``). The sha256s depend on the nvcc version, which the manifest
+records; compare only manifests written by the same nvcc. A build nvcc rejects is recorded as
+``nvcc failed`` (the dispatch then serves that problem with the torch fallback). Slow (a few hundred nvcc runs): not part of
+the default test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+ARCHES = ("sm_90a", "sm_80")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ADDRESSINGS = ("contiguous", "block_table", "slot")
+HEAD_DIMS = (32, 64, 96, 128, 256)
+VARIANT_ENV = ("HF_FLASHPATCH_FWD_VARIANT", "HF_FLASHPATCH_BWD_VARIANT", "HF_FLASHPATCH_DECODE_VARIANT")  # old checkouts
+
+
+def _dispatch():
+    """``(forward_config, backward_config, decode_config)`` of the imported package: its decision room
+    (:mod:`hf_flashpatch.kernels.heuristics`), or, for checkouts older than it (the tag
+    ``kernel-variants-before-contract``), the same choices through the variant tables of that time with no
+    variant environment variable set."""
+    try:
+        from hf_flashpatch.kernels import heuristics
+
+        return heuristics.forward_config, heuristics.backward_config, heuristics.decode_config
+    except ImportError:
+        pass
+    from hf_flashpatch.kernels import decode_config as old_decode
+    from hf_flashpatch.kernels.backward import BackwardConfig
+    from hf_flashpatch.kernels.forward import ForwardConfig
+
+    def backward_config(d, dtype, softcap, arch, deterministic=False):
+        config = BackwardConfig.choose(d, dtype, softcap, arch)
+        if deterministic and config.body != "default":  # what _kernel_backward launched then
+            config = BackwardConfig._choose_default(d, dtype, softcap, arch)
+        return config
+
+    def forward_config(d, dtype_name, mask, arch):
+        return ForwardConfig.for_problem(d, dtype_name, mask, arch=arch)
+
+    def decode_config(d, bf16, addressing, softcap):
+        return old_decode.variant_config(d, bf16, addressing, softcap, old_decode.DEFAULT_VARIANT)
+
+    return forward_config, backward_config, decode_config
+
+
+def shipped_builds() -> dict:
+    """``{problem key: the KernelBuild the default dispatch launches for it}``."""
+    from hf_flashpatch.kernels.build import KernelBuild
+
+    forward_config, backward_config, decode_config = _dispatch()
+    builds = {}
+    for arch in ARCHES:
+        for dtype_name, dtype in DTYPES.items():
+            for d in HEAD_DIMS:
+                for mask in (False, True):
+                    config = forward_config(d, dtype_name, mask, arch)
+                    builds[f"fwd/{arch}/{dtype_name}/d{d}/mask{int(mask)}"] = config.build(arch)
+                for softcap in (False, True):
+                    for det in (False, True):
+                        config = backward_config(d, dtype, softcap, arch, deterministic=det)
+                        builds[f"bwd/{arch}/{dtype_name}/d{d}/softcap{int(softcap)}/det{int(det)}"] = config.build()
+                    for addressing in ADDRESSINGS:
+                        config = decode_config(d, dtype == torch.bfloat16, addressing, softcap)
+                        key = f"decode/{arch}/{dtype_name}/d{d}/{addressing}/softcap{int(softcap)}"
+                        builds[key] = config.build(arch)
+        builds[f"kv_append/{arch}"] = KernelBuild("kv_append.cu", (), arch)
+    return builds
+
+
+def _nvcc_version() -> str:
+    from hf_flashpatch.kernels import build
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        raise SystemExit("nvcc not found (set CUDA_HOME or put nvcc on PATH)")
+    return build.nvcc_version(nvcc).splitlines()[-1]
+
+
+def _digest(kernel_build) -> str:
+    """The cubin's sha256, or ``nvcc failed`` (a build that does not compile is recorded, not fatal: the
+    dispatch then serves the problem with the torch fallback, and a change must not alter that either)."""
+    from hf_flashpatch.errors import KernelUnsupported
+    from hf_flashpatch.kernels import build
+
+    try:
+        return hashlib.sha256(build.compile_cubin(kernel_build)[0]).hexdigest()
+    except KernelUnsupported:
+        return "nvcc failed"
+
+
+def manifest(jobs: int) -> dict:
+    """Compile every shipped build (each distinct build once) into a throwaway cache."""
+    from hf_flashpatch.kernels import build
+
+    builds = shipped_builds()
+    distinct = list(dict.fromkeys(builds.values()))
+    with tempfile.TemporaryDirectory(prefix="hfp-shipped-") as cache:
+        os.environ["HF_FLASHPATCH_CACHE"] = cache
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            digests = dict(zip(distinct, pool.map(_digest, distinct)))
+    return {
+        "nvcc": _nvcc_version(),
+        "distinct_builds": len(distinct),
+        "builds": {
+            key: {"sha256": digests[b], "source": b.source, "defines": " ".join(f"{n}={v}" for n, v in b.defines)}
+            for key, b in sorted(builds.items())
+        },
+    }
+
+
+def compare(old: dict, new: dict) -> list[str]:
+    """Lines describing every difference (empty: byte-identical for every problem)."""
+    lines = []
+    if old["nvcc"] != new["nvcc"]:
+        lines.append(f"nvcc differs: {old['nvcc']!r} vs {new['nvcc']!r} (sha256s are not comparable)")
+    for key in sorted(set(old["builds"]) | set(new["builds"])):
+        a, b = old["builds"].get(key), new["builds"].get(key)
+        if a is None or b is None:
+            lines.append(f"{key}: only in the {'new' if a is None else 'old'} manifest")
+        elif a["sha256"] != b["sha256"]:
+            lines.append(f"{key}: cubin changed ({a['source']} {a['defines']} -> {b['source']} {b['defines']})")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", metavar="JSON", help="compile and write the manifest")
+    parser.add_argument("--compare", metavar="JSON", help="compile and compare against this manifest")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parent.parent),
+                        help="the checkout whose hf_flashpatch/ and cuda/ are compiled (default: this one)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel nvcc runs")
+    args = parser.parse_args(argv)
+    if not (args.write or args.compare):
+        parser.error("give --write, --compare or both")
+    sys.path.insert(0, str(Path(args.root).resolve()))
+    for name in VARIANT_ENV:
+        os.environ.pop(name, None)
+    import hf_flashpatch
+
+    print(f"compiling the shipped builds of {Path(hf_flashpatch.__file__).parent}")
+    new = manifest(args.jobs)
+    failed = sorted(key for key, entry in new["builds"].items() if entry["sha256"] == "nvcc failed")
+    print(f"{len(new['builds'])} shipped problems, {new['distinct_builds']} distinct builds ({new['nvcc']}); "
+          f"{len(failed)} problems whose build nvcc rejects: {', '.join(failed) or 'none'}")
+    if args.write:
+        Path(args.write).write_text(json.dumps(new, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {args.write}")
+    if not args.compare:
+        return 0
+    differences = compare(json.loads(Path(args.compare).read_text()), new)
+    for line in differences:
+        print(line)
+    print("byte-identical" if not differences else f"{len(differences)} differences")
+    sys.stdout.flush()
+    return 1 if differences else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
