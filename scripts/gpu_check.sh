@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is for, in one call: install the missing wheels, compile every kernel
-# variant, run the GPU tests, run the benchmark against the peers in the same process, and leave the
+# Everything the GPU machine is for, in one call: install the missing wheels, compile every shipped kernel
+# build, run the GPU tests, run the benchmark against the peers in the same process, and leave the
 # logs + bench.json/png in $OUT. Usage (from the project root on the GPU machine):
 #   bash scripts/gpu_check.sh [pytest -k expr] [bench args...]
 set -uo pipefail
