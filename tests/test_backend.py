@@ -225,16 +225,25 @@ def test_dropout_in_training_refused():
     model(input_ids=torch.randint(3, VOCAB, (1, 5)))
 
 
-def test_sinks_refused():
+def test_sinks_without_an_eager_function_are_refused_by_name():
+    """Sinks take the model's own eager attention (see test_unsupported.py); a module whose file has none
+    gets an error naming the reason, never an answer that ignores the sinks."""
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-    with pytest.raises(UnsupportedAttentionFeature, match=r"s_aux of shape \(4,\)"):
+    with pytest.raises(UnsupportedAttentionFeature, match=r"attention sinks"):
         attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(4))
 
 
-def test_four_dimensional_mask_refused():
+def test_four_dimensional_mask_takes_the_torch_fallback():
+    """A 4-D mask the model built itself is honoured as given (transformers' sdpa with that mask)."""
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match=r"got shape \(1, 1, 3, 3\)"):
-        attention_forward(torch.nn.Module(), q, k, v, torch.ones(1, 1, 3, 3, dtype=torch.bool))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    mask = torch.tensor([[True, False, True], [True, True, False], [False, True, True]])[None, None]  # (1, 1, 3, 3)
+    with pytest.warns(UserWarning, match="4-D mask"):
+        out, _ = attention_forward(module, q, k, v, mask)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                            attn_mask=mask).transpose(1, 2)  # fmt: skip
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
 def test_head_counts_come_from_shapes():

@@ -10,6 +10,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_flashpatch.convert import (
+    DEFAULT_METHOD,
+    METHODS,
     check_convertible,
     convert_checkpoint,
     convert_to_gqa,
@@ -62,7 +64,7 @@ def test_repeated_mha_pools_back_exactly(model_type):
 
 
 @pytest.mark.parametrize("model_type", ARCHITECTURES)
-@pytest.mark.parametrize("method", ["mean", "first", "random"])
+@pytest.mark.parametrize("method", METHODS)
 def test_converting_to_current_count_is_identity(model_type, method):
     model = tiny_model(model_type)
     before = copy.deepcopy(model.state_dict())
@@ -146,10 +148,23 @@ def test_saved_checkpoint_loads_with_plain_from_pretrained(tmp_path, model_type)
     loaded = AutoModelForCausalLM.from_pretrained(dst, attn_implementation="eager").eval()
     assert loaded.config.num_key_value_heads == 1
     assert loaded.model.layers[0].self_attn.k_proj.weight.shape[0] == loaded.model.layers[0].self_attn.head_dim
-    in_memory = convert_to_gqa(AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval(), 1)
+    in_memory = convert_to_gqa(AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval(), 1,
+                               method="mean")
     assert torch.equal(logits(loaded), logits(in_memory))
     record = json.loads((dst / "gqa_conversion.json").read_text())
-    assert record["kv_cache_reduction"] == 4
+    assert record["kv_cache_reduction"] == 4 and record["calibration"] is None
+
+    # The default (pca) calibrates; a folder without tokenizer files gets seeded random ids. The checkpoint
+    # is loaded with the default attention there and eager here, so the statistics agree to rounding only.
+    report = convert_checkpoint(str(src), str(dst), 1, overwrite=True, progress=False)
+    assert report.method == DEFAULT_METHOD == "pca"
+    loaded = AutoModelForCausalLM.from_pretrained(dst, attn_implementation="eager").eval()
+    in_memory = convert_to_gqa(AutoModelForCausalLM.from_pretrained(src, attn_implementation="eager").eval(), 1,
+                               progress=False)
+    assert torch.allclose(logits(loaded), logits(in_memory), atol=1e-5, rtol=0)
+    record = json.loads((dst / "gqa_conversion.json").read_text())
+    assert "random token ids" in record["calibration"]["data"] and record["calibration"]["tokens"] > 0
+    assert record["perplexity"] is None  # nothing to measure it on without a tokenizer
 
 
 def test_cli_converts_and_reports(tmp_path, capsys):
@@ -157,8 +172,11 @@ def test_cli_converts_and_reports(tmp_path, capsys):
     tiny_model("mistral").save_pretrained(src)
     assert main([str(src), str(tmp_path / "out"), "--kv-heads", "2"]) == 0
     printed = capsys.readouterr().out
-    assert "KV heads 4 -> 2" in printed and "reduction x2" in printed
+    assert "KV heads 4 -> 2" in printed and "reduction x2" in printed and "method=pca" in printed
+    assert "calibration: 512 tokens of uniform random token ids" in printed
     assert AutoConfig.from_pretrained(tmp_path / "out").num_key_value_heads == 2
     assert main([str(src), str(tmp_path / "bad"), "--kv-heads", "3"]) == 2
     assert "must divide the current 4 KV heads" in capsys.readouterr().err
+    assert main([str(src), str(tmp_path / "bad"), "--kv-heads", "2", "--calibration-tokens", "0"]) == 2
+    assert "--calibration-tokens must be >= 1" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # a refusal leaves nothing behind

@@ -39,6 +39,7 @@ import torch
 
 from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
 from ..validate import check_scalars
+from . import unsupported  # called as unsupported.<fn> so that a monkeypatched function is seen (tests count calls)
 from .traced import traced_attention
 
 
@@ -85,6 +86,21 @@ def window_from_sliding(sliding_window) -> tuple[int, int] | None:
     if sliding_window is None or sliding_window <= 0:
         return None
     return (int(sliding_window) - 1, 0)
+
+
+def window_of_every_layer(module) -> int | None:
+    """The sliding window a model applies in its mask without passing it to the attention call.
+
+    A config with ``sliding_window`` and no per-layer ``layer_types`` slides every layer (PhiMoE builds
+    the sliding mask from it; Mistral, Mixtral, Phi-3 pass the same value in the call as well), so the
+    window is the config's. Models with ``layer_types`` pass each layer's window themselves."""
+    config = getattr(module, "config", None)
+    window = getattr(config, "sliding_window", None)
+    if window is None or getattr(config, "layer_types", None) is not None:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:  # Qwen2-style switch: the window is off
+        return None
+    return window
 
 
 def _as_int(x) -> int:
@@ -239,6 +255,13 @@ def attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D)`` -> ``(out (B, S_q, H, D) contiguous, None)``."""
+    reason = unsupported.fallback_reason(query, key, value, attention_mask, kwargs)
+    if reason is not None:  # sinks, a V head dim of its own, ...: transformers' sdpa/eager, one warning per reason
+        return unsupported.fallback_attention(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, sliding_window=sliding_window, softcap=softcap,
+                                              is_causal=is_causal, reason=reason, **kwargs)  # fmt: skip
+    if sliding_window is None:
+        sliding_window = window_of_every_layer(module)
     check_unsupported(module, dropout, kwargs)
     for label, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:

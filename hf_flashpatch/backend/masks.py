@@ -28,6 +28,14 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
     step outside the compiled region, and only a mask whose shape stays the same at every step lets that
     region run as one CUDA graph.
     """
+    config = kwargs.get("config")
+    if getattr(config, "attention_chunk_size", None) is not None:
+        # chunked attention (Llama 4) lives only in the mask: hand over transformers' own 4-D mask, which the
+        # attention function serves through its documented torch fallback
+        from transformers.masking_utils import sdpa_mask
+
+        return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                         kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)  # fmt: skip
     if torch.compiler.is_compiling() or not isinstance(q_offset, int):
         return traced_key_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
                                kwargs.get("device"))  # fmt: skip
