@@ -25,6 +25,8 @@ import torch
 from hf_flashpatch import checkpointing, text_data
 from hf_flashpatch.training import TrainArgs, TrainingInputError, train
 
+from tiny_llama import save_tiny_llama
+
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = dict(source="pydoc", max_train_docs=1, seq_len=32, batch_size=1, lr=3e-3, max_steps=3, save_every=1,
                 eval_sequences=1, eval_batch_size=1)
@@ -33,25 +35,7 @@ SETTINGS = dict(source="pydoc", max_train_docs=1, seq_len=32, batch_size=1, lr=3
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A 2-layer random Llama with a byte-level BPE tokenizer trained on pydoc text: seconds per run."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    out = tmp_path_factory.mktemp("tiny_llama")
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(text_data.pydoc_documents()[:20], trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<eos>")
-    config = AutoConfig.for_model(
-        "llama", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny_llama"), docs=20, vocab_size=320, hidden=32, heads=2, max_positions=128)
 
 
 @pytest.fixture(scope="module")
