@@ -347,3 +347,26 @@ def test_kernel_argument_lists_match_the_cuda_signatures():
         params = _ptx_params(build, entries)
         for entry, letters in entries.items():
             assert [width[c] for c in letters] == params[entry], f"{build.source}:{entry}"
+
+
+def test_nan_in_k_reaches_the_gradients_as_in_torch():
+    """The backward's torch path propagates NaN where torch's autograd does (it used to zero those rows),
+    and never into the head that does not read the NaN key."""
+    from hf_flashpatch.kernels import forward
+    from hf_flashpatch.reference import attention_reference
+
+    q = torch.randn(1, 6, 2, 16)
+    k, v = torch.randn(1, 6, 2, 16), torch.randn(1, 6, 2, 16)
+    k[0, 3, 0, 5] = float("nan")  # key 3 of head 0
+    grads = []
+    for run in ("ours", "torch"):
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        if run == "ours":
+            out, _ = forward.attention_forward(qq, kk, v, causal=True, softmax_scale=None, window_left=-1,
+                                               window_right=0, softcap=None, torch_fallback=True)  # fmt: skip
+        else:
+            out, _ = attention_reference(qq, kk, v, causal=True)
+        out.sum().backward()
+        grads.append((torch.isnan(qq.grad), torch.isnan(kk.grad)))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    assert grads[0][0][0, 3:, 0].all() and not grads[0][0][0, :, 1].any()

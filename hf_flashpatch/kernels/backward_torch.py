@@ -51,7 +51,8 @@ def _torch_backward_batched(dout, q, k, v, out, lse, dlse, scale, left, right, s
             t = torch.tanh(s / softcap)
             s = softcap * t
         row_lse = lse_g[..., q0:q1, None]  # (B, H_kv, G, c, 1)
-        keep = _visible(seqlen_q, seqlen_k, q0, q1, left, right, q.device) & torch.isfinite(row_lse)
+        # rows that saw no key (lse = -inf) get no gradient; a NaN lse (NaN in q or k) propagates, as in torch
+        keep = _visible(seqlen_q, seqlen_k, q0, q1, left, right, q.device) & (row_lse != float("-inf"))
         p = torch.where(keep, torch.exp(s - row_lse.clamp_min(-1e30)), 0.0)  # (B, H_kv, G, c, S_k)
         do_c = dof[..., q0:q1, :]  # (B, H_kv, G, c, D)
         dv += torch.matmul(p.transpose(-1, -2), do_c).sum(2)  # (B, H_kv, S_k, D)
