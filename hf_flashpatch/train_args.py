@@ -34,7 +34,7 @@ class TrainArgs:
     text_cache: str | None = None
     max_train_docs: int | None = None
     kv_heads: int | None = None  # convert (GQA/MQA) before training
-    convert_method: str = "mean"
+    convert_method: str = "pca"  # convert.DEFAULT_METHOD
     trainable: str = "all"  # all (the paper's uptraining) | attention | kv (the converted projections only)
     attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
     packing: str = "fixed"  # fixed | flatten
@@ -69,7 +69,7 @@ FLAG_HELP = {
     "eval_data": "held-out .txt file (default: 5%% of --data, or every 10th built-in document)",
     "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, or auto (wiki, else pydoc)",
     "kv_heads": "convert to this many KV heads before training (1 = MQA)",
-    "convert_method": "pooling for --kv-heads: mean, first or random",
+    "convert_method": "how --kv-heads merges K/V heads: pca (calibrated, keeps the model), mean, first or random",
     "trainable": "all (the paper), attention (q/k/v/o projections) or kv (k/v projections only)",
     "attn_implementation": "attention backend; the plugin's by default (CUDA kernels on GPU, torch fallback on CPU)",
     "packing": "fixed: rows of --seq-len tokens; flatten: whole documents per row (DataCollatorWithFlattening)",
@@ -82,7 +82,7 @@ FLAG_HELP = {
     "resume": "resume from OUTPUT/checkpoint when there is one",
     "cpu": "force CPU even where a GPU exists",
 }
-CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("mean", "first", "random"),
+CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("pca", "mean", "first", "random"),
            "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten")}
 
 

@@ -153,7 +153,7 @@ def _load_model(args: TrainArgs, attn_implementation: str):
         from .convert import convert_to_gqa
 
         model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
-                                       return_report=True)
+                                       return_report=True, tokenizer=tokenizer)
         print(report.summary())
     if args.trainable not in TRAINABLE:
         raise ValueError(f"trainable must be one of {tuple(TRAINABLE)}, got {args.trainable!r}")
