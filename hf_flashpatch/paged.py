@@ -16,8 +16,8 @@ A decode step::
 
 ``allocate`` reserves the pages for the new tokens and advances each sequence's length once for all
 layers; ``append`` writes exactly the tokens allocated since the layer's last append (the last
-``S_new`` of each sequence; anything else is an error, never a silent overwrite) with the kv_append
-CUDA kernel on GPU, ``index_copy_`` on CPU; ``decode`` calls
+``S_new`` of each sequence; anything else is an error, never a silent overwrite) with
+:func:`hf_flashpatch.kv_append` (the CUDA kernel where it serves, torch elsewhere); ``decode`` calls
 :func:`hf_flashpatch.flash_attn_paged_decode` (the cache built the tables, so their contents are not
 re-checked). When the pool is short, ``allocate`` raises
 :class:`~hf_flashpatch.errors.PagePoolExhausted` before touching anything.
@@ -29,7 +29,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from .errors import KernelUnsupported, PagePoolExhausted
+from .errors import PagePoolExhausted
 from .validate import SUPPORTED_DTYPES, check_head_dim, check_page_table_contents
 
 
@@ -46,17 +46,6 @@ def check_page_table(page_table: torch.Tensor, num_pages: int, seqlens: torch.Te
             f"{tuple(seqlens.shape)}"
         )
     check_page_table_contents(page_table, seqlens, num_pages, page_size, seqlens_name="seqlens")
-
-
-def _kernel_append(k_rows, v_rows, k_pool, v_pool, index) -> bool:
-    """The kv_append CUDA kernel; False where it declines (fp32 pool, no pycuda/nvcc): write in torch."""
-    try:
-        from .kernels import decode
-
-        decode.kv_append(k_rows, v_rows, k_pool, v_pool, index)
-        return True
-    except (KernelUnsupported, ImportError):
-        return False
 
 
 class PagedKVCache:
@@ -207,9 +196,9 @@ class PagedKVCache:
         k_pool, v_pool = self.k_pages[layer].view(flat), self.v_pages[layer].view(flat)  # (slots, H_kv, D)
         k_rows = k_new.to(device=device, dtype=k_pool.dtype).reshape(-1, self.kv_heads, self.head_dim)  # (B*S_new, H_kv, D)
         v_rows = v_new.to(device=device, dtype=v_pool.dtype).reshape(-1, self.kv_heads, self.head_dim)
-        if not (device.type == "cuda" and _kernel_append(k_rows, v_rows, k_pool, v_pool, index)):
-            k_pool.index_copy_(0, index, k_rows)
-            v_pool.index_copy_(0, index, v_rows)
+        from .api import kv_append  # the public door: the kernel where it serves, else torch
+
+        kv_append(k_rows, v_rows, k_pool, v_pool, index, check_inputs=False)  # slots come from this pool's table
         written.update((seq_id, self._lengths[seq_id]) for seq_id in seq_ids)
 
     def decode(self, q: torch.Tensor, seq_ids: Sequence[Hashable], layer: int = 0, **kwargs):

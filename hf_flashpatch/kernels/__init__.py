@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -51,6 +52,30 @@ def fold_window(causal: bool, window_left: int, window_right: int) -> tuple[int,
     if causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
+
+
+LOG2E = 1.4426950408889634  # log2(e): the kernels take exp2 of scores pre-multiplied by it
+
+
+class ScoreScales(NamedTuple):
+    """``softmax_scale`` and ``softcap`` folded into the kernels' multipliers (see :func:`fold_scores`)."""
+
+    score_mul: float  # on the raw q.k score: scale / softcap with a cap (the tanh argument), else scale * log2(e)
+    exp2_mul: float  # into the exp2 domain: softcap * log2(e) on the tanh with a cap, else scale * log2(e)
+    scale_log2: float  # scale * log2(e)
+    softcap_pre: float  # scale / softcap, 0.0 without a cap
+    softcap_log2: float  # softcap * log2(e), 0.0 without a cap
+
+
+def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
+    """The one Python definition of score scaling: a capped score is ``softcap * tanh(s * scale / softcap)``,
+    an uncapped one ``s * scale``, and the kernels fold log2(e) into the outer factor. Any truthy ``softcap``
+    is a cap (0, None = none); callers that map other values (the forward: scale 0, softcap <= 0) do so first."""
+    scale_log2 = scale * LOG2E
+    if softcap:
+        softcap_pre, softcap_log2 = scale / softcap, softcap * LOG2E
+        return ScoreScales(softcap_pre, softcap_log2, scale_log2, softcap_pre, softcap_log2)
+    return ScoreScales(scale_log2, scale_log2, scale_log2, 0.0, 0.0)
 
 
 _warned: set[tuple[str, str]] = set()

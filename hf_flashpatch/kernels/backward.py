@@ -39,13 +39,12 @@ from typing import Optional
 import torch
 
 from ..errors import KernelUnsupported
-from . import fold_window, kernels_unavailable_reason
+from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason  # noqa: F401 - LOG2E re-exported
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import backward_tiles
 
-LOG2E = 1.4426950408889634
 _ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
 
 
@@ -234,8 +233,9 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     dq = alloc(q.shape, dtype=q.dtype, device=device)
     dk = alloc(k.shape, dtype=k.dtype, device=device)
     dv = alloc(v.shape, dtype=v.dtype, device=device)
-    scalars = (seqlen_q, seqlen_k, heads, kv_heads, rows_pad, scale, scale * LOG2E,
-               scale / softcap if softcap else 0.0, softcap * LOG2E, left, right,
+    scales = fold_scores(scale, softcap)
+    scalars = (seqlen_q, seqlen_k, heads, kv_heads, rows_pad, scale, scales.scale_log2,
+               scales.softcap_pre, scales.softcap_log2, left, right,
                q.shape[0], k.shape[0])  # fmt: skip  (varlen: total rows, the bound of every cu_seqlens read)
     inputs = (q, k, v, dout, lse2, dvec)
     all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))

@@ -25,7 +25,7 @@ import math
 import torch
 
 from ..errors import KernelUnsupported
-from . import fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
+from . import fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
@@ -87,11 +87,9 @@ def _aligned_q(q: torch.Tensor) -> torch.Tensor:
 
 
 def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    log2e = 1.4426950408889634
-    if softcap:
-        return scale / softcap, softcap * log2e
-    return scale * log2e, 0.0
+    """The split kernel's ``(score_mul, softcap_mul)``: see :func:`hf_flashpatch.kernels.fold_scores`."""
+    scales = fold_scores(softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim), softcap)
+    return scales.score_mul, scales.softcap_log2
 
 
 # ------------------------------------------------------------------------------------ launcher

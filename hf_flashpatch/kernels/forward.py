@@ -31,13 +31,12 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import forward_torch
-from . import fold_window, kernels_unavailable_reason, warn_fallback_once
+from . import fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .heuristics import TileShape, forward_tile_shape
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_LOG2E = 1.4426950408889634
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ELEM_BYTES = 2
 _MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
@@ -236,10 +235,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     if scale == 0:  # every score is 0 (softcap * tanh(0) too), but the kernel folds the scale into exp2
         # after masking with -inf, and -inf * 0 is NaN; exp2(score * _ZERO_SCALE) rounds to exactly 1.
         scale, softcap = _ZERO_SCALE, 0.0
-    if softcap and softcap > 0:  # softcap * tanh(s * scale / softcap), the outer factor folded into the exp2 scale
-        scale_log2, softcap_pre = softcap * _LOG2E, scale / softcap
-    else:
-        scale_log2, softcap_pre = scale * _LOG2E, 0.0
+    scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
+    scale_log2, softcap_pre = scales.exp2_mul, scales.softcap_pre
 
     kernel = get_kernel(config.build(arch), config.entry, _ARG_TYPES, q.device)
     grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)

@@ -1,0 +1,124 @@
+"""The score-scale/softcap multipliers each launcher passes its kernel (CPU only: builds and launches are faked).
+
+The expected values are the launchers' own formulas as they were before score scaling was folded once in
+:func:`hf_flashpatch.kernels.fold_scores`; the comparisons are exact (same floats, bit for bit)."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+import torch
+
+from hf_flashpatch.kernels import backward, decode, forward
+
+LOG2E = 1.4426950408889634
+SCALES = [None, 0.0, 1e-30, 0.125, 1.0 / math.sqrt(64), 0.3, 1.0, 7.5]
+SOFTCAPS = [None, 0.0, -0.0, 1e-3, 5.0, 30.0, 50.0]
+HEAD_DIM = 64
+
+
+def bits(values):
+    return [struct.pack("<d", float(v)) for v in values]
+
+
+def old_forward(scale, softcap):
+    if scale == 0:
+        scale, softcap = 1e-30, 0.0
+    if softcap and softcap > 0:
+        return softcap * LOG2E, scale / softcap
+    return scale * LOG2E, 0.0
+
+
+def old_decode(scale, softcap):
+    if softcap:
+        return scale / softcap, softcap * LOG2E
+    return scale * LOG2E, 0.0
+
+
+def old_backward(scale, softcap):
+    return scale, scale * LOG2E, scale / softcap if softcap else 0.0, softcap * LOG2E
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def get_kernel(self, build, entry, arg_types, device):
+        def launch(grid, block, *args, **kwargs):
+            self.calls.append((entry, args))
+
+        return launch
+
+
+def _default(scale):
+    return scale if scale is not None else 1.0 / math.sqrt(HEAD_DIM)
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    for mod in (forward, backward, decode):
+        monkeypatch.setattr(mod, "get_kernel", rec.get_kernel)
+    monkeypatch.setattr(forward, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)
+    monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": None)
+    monkeypatch.setattr(decode.DecodeConfig, "build", lambda self, arch="sm_90a": None)
+    monkeypatch.setattr(backward.BackwardConfig, "build", lambda self: None)
+    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(backward, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "choose_num_splits", lambda *a, **k: 1)
+    return rec
+
+
+def _qkv(seqlen=4):
+    return [torch.zeros(1, seqlen, 2, HEAD_DIM, dtype=torch.float16) for _ in range(3)]
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_forward_scalars(recorder, scale, softcap):
+    q, k, v = _qkv()
+    forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
+    ((entry, args),) = recorder.calls
+    # ..., left, right, scale_log2, softcap_pre, total q rows, total k rows
+    assert bits(args[-4:-2]) == bits(old_forward(_default(scale), softcap))
+
+
+@pytest.mark.parametrize("softcap", SOFTCAPS)
+@pytest.mark.parametrize("scale", SCALES)
+def test_decode_scalars(recorder, scale, softcap):
+    q, k, v = _qkv(1)
+    out, lse = torch.empty_like(q), torch.empty(1, 1, 2)
+    decode._launch(
+        addressing="contiguous", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=1, total_q=1, k=k, v=v,
+        k_strides=k.stride()[:3], v_strides=v.stride()[:3], seqlens=None, default_seqlen=1, index=None,
+        index_stride=0, page_size=0, cu_k=None, out=out, out_strides=out.stride()[:3], lse=lse,
+        lse_strides=lse.stride(), batch=1, heads=2, kv_heads=2, typical_keys=1, softmax_scale=scale,
+        softcap=softcap, window_left=-1, window_right=-1,
+    )  # fmt: skip
+    ((entry, args),) = recorder.calls
+    assert entry == "hfp_decode_split"
+    # ..., score_mul, softcap_mul, window_left, window_right
+    assert bits(args[-4:-2]) == bits(old_decode(_default(scale), softcap))
+    assert bits(decode._scales(HEAD_DIM, scale, softcap)) == bits(old_decode(_default(scale), softcap))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("softcap", [0.0, 1e-3, 5.0, 30.0, 50.0])  # the op passes float(softcap or 0.0)
+@pytest.mark.parametrize("scale", [s for s in SCALES if s is not None])  # the op passes a float scale
+def test_backward_scalars(recorder, scale, softcap, deterministic):
+    q, k, v = _qkv()
+    out, dout = torch.zeros_like(q), torch.zeros_like(q)
+    lse = torch.zeros(1, 2, 4)
+    cfg = backward.BackwardConfig.choose(HEAD_DIM, q.dtype, bool(softcap), "sm_90a", deterministic)
+    backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 4, 4, scale, -1, -1, softcap,
+                              deterministic)  # fmt: skip
+    main = [args for entry, args in recorder.calls if entry in ("bwd_dkdv", "bwd_dkdv_dq_atomic", "bwd_dq")]
+    assert main
+    for args in main:
+        tail = 1 if args is main[0] else 0  # dK/dV takes heavy_first after the 13 scalars
+        scalars = args[len(args) - 13 - tail : len(args) - tail]
+        assert bits(scalars[5:9]) == bits(old_backward(scale, softcap))
