@@ -88,19 +88,19 @@ def window_from_sliding(sliding_window) -> tuple[int, int] | None:
     return (int(sliding_window) - 1, 0)
 
 
-def window_of_every_layer(module) -> int | None:
-    """The sliding window a model applies in its mask without passing it to the attention call.
+# Model types whose mask slides every layer while their attention call carries no ``sliding_window``
+# (PhiMoE builds a sliding mask from ``config.sliding_window``). A config field alone does not say it:
+# Moshi has ``sliding_window`` in its config and attends causally. The coverage matrix
+# (tests/test_architectures.py) finds a new such model as a failing row.
+WINDOW_ONLY_IN_MASK = frozenset({"phimoe"})
 
-    A config with ``sliding_window`` and no per-layer ``layer_types`` slides every layer (PhiMoE builds
-    the sliding mask from it; Mistral, Mixtral, Phi-3 pass the same value in the call as well), so the
-    window is the config's. Models with ``layer_types`` pass each layer's window themselves."""
+
+def window_of_every_layer(module) -> int | None:
+    """The sliding window a model applies in its mask without passing it to the attention call."""
     config = getattr(module, "config", None)
-    window = getattr(config, "sliding_window", None)
-    if window is None or getattr(config, "layer_types", None) is not None:
+    if getattr(config, "model_type", None) not in WINDOW_ONLY_IN_MASK:
         return None
-    if getattr(config, "use_sliding_window", True) is False:  # Qwen2-style switch: the window is off
-        return None
-    return window
+    return getattr(config, "sliding_window", None)
 
 
 def _as_int(x) -> int:
