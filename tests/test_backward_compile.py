@@ -153,18 +153,27 @@ def test_torch_fallback_matches_oracle(seqlens, heads, causal, window, softcap):
         torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
 
 
-def test_autograd_registered_whichever_module_is_imported_first():
-    """Importing the backward module alone makes the forward op differentiable (it pulls the forward in)."""
+@pytest.mark.parametrize("first", ["backward", "forward"])
+def test_autograd_registered_whichever_module_is_imported_first(first):
+    """The forward op is differentiable once the forward module is imported, whichever kernels module came
+    first, and the backward module never imports the forward one (no import cycle)."""
     import subprocess
     import sys
 
     code = (
-        "import torch\nfrom hf_flashpatch.kernels import backward\n"
+        f"import sys, torch\nfrom hf_flashpatch.kernels import {first}\n"
+        "assert 'hf_flashpatch.kernels.forward' not in sys.modules or 'hf_flashpatch.kernels.backward' in sys.modules\n"
+        "from hf_flashpatch.kernels import backward, forward\n"
         "assert backward._registered, 'autograd not registered'\n"
-        "assert hasattr(torch.ops.hf_flashpatch, 'attention_forward')\n"
+        "q = torch.randn(1, 5, 2, 16, requires_grad=True)\n"
+        "out, _ = forward.attention_forward(q, q.detach(), q.detach(), causal=True, softmax_scale=None,\n"
+        "    window_left=-1, window_right=0, softcap=None, torch_fallback=True)\n"
+        "out.sum().backward()\nassert q.grad is not None and torch.isfinite(q.grad).all()\n"
     )
     root = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    backward_source = (root / "hf_flashpatch" / "kernels" / "backward.py").read_text()
+    assert "import forward" not in backward_source and "from .forward" not in backward_source
 
 
 def test_body_choice():

@@ -379,11 +379,4 @@ def register_autograd() -> bool:
     return True
 
 
-if not register_autograd():
-    # Imported before the forward module: importing it defines the op (its own trailing import of this
-    # module is then a no-op), so register now; a missing forward module just leaves nothing to register.
-    try:
-        from . import forward as _forward  # noqa: F401
-    except ImportError:
-        pass
-    register_autograd()
+register_autograd()  # a no-op until the forward module has defined the op; that module calls it again

@@ -330,7 +330,7 @@ def attention_forward(
     )  # fmt: skip
 
 
-try:
-    from . import backward as _backward  # noqa: F401  (registers the op's autograd)
-except ImportError:
-    pass
+# The op's autograd lives in the backward module, which never imports this one (no import cycle).
+from .backward import register_autograd as _register_autograd  # noqa: E402
+
+_register_autograd()
