@@ -2,7 +2,8 @@
 
 Logits of a left-padded batch (real tokens only) stay within twice sdpa's own bf16 error against an
 fp32 sdpa run (+ eps); greedy generation with a DynamicCache and a StaticCache matches sdpa's; the
-CUDA kernels serve the calls (no fallback warning).
+CUDA kernels serve the calls (no fallback warning). Logits and generation run under ``torch.no_grad`` and
+inside ``torch.inference_mode`` (inference tensors carry no version counter).
 """
 
 import warnings
@@ -56,13 +57,17 @@ def no_fallback(caught):
     assert not fallbacks, fallbacks
 
 
-def test_padded_logits_within_twice_sdpa_error():
+GRAD_MODES = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+def test_padded_logits_within_twice_sdpa_error(grad_mode):
     import hf_flashpatch
 
     ids, mask = left_padded_batch(LENGTHS)
     model = tiny_llama("sdpa")
     real = mask.bool()
-    with torch.no_grad():
+    with GRAD_MODES[grad_mode]():
         sdpa = model(input_ids=ids, attention_mask=mask).logits[real].float()
         exact = model.float()(input_ids=ids, attention_mask=mask).logits[real]
         model.to(torch.bfloat16)
@@ -92,9 +97,10 @@ def test_unpadded_logits_within_twice_sdpa_error():
     assert ours_err <= 2 * sdpa_err + 1e-2, (ours_err, sdpa_err)
 
 
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("lengths", [LENGTHS, [64, 64]], ids=["left_padded", "no_padding"])
-def test_greedy_generate_matches_sdpa(cache, lengths):
+def test_greedy_generate_matches_sdpa(cache, lengths, grad_mode):
     import hf_flashpatch
 
     ids, mask = left_padded_batch(lengths, seed=1)
@@ -103,7 +109,7 @@ def test_greedy_generate_matches_sdpa(cache, lengths):
                   eos_token_id=None, cache_implementation=cache)  # fmt: skip
     if cache == "static":  # no CUDA-graph compilation of the decode step: compare the attention, not compile
         kwargs["disable_compile"] = True
-    with torch.no_grad():
+    with GRAD_MODES[grad_mode]():
         want = model.generate(input_ids=ids, **kwargs)
         hf_flashpatch.patch(model)
         with warnings.catch_warnings(record=True) as caught:

@@ -47,7 +47,7 @@ def _prompts():
     return [torch.randint(1, 512, (n,), generator=generator).tolist() for n in (5, 17, 64, 130, 33, 1)]
 
 
-def _generate(model, prompts, attn, max_new_tokens, **batching):
+def _generate(model, prompts, attn, max_new_tokens, inference_mode=False, **batching):
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -59,8 +59,10 @@ def _generate(model, prompts, attn, max_new_tokens, **batching):
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     batching = ContinuousBatchingConfig(**{page: 16}, num_blocks=64, max_batch_tokens=96, max_requests_per_batch=4,
                                         **batching)  # fmt: skip
-    # No inference_mode: the batching thread updates tensors that the manager creates on this thread.
-    results = model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=batching)
+    # transformers < 5.23 fails inside inference_mode with its own attention too: its batching thread updates
+    # tensors that the manager creates on this thread.
+    with torch.inference_mode(inference_mode):
+        results = model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=batching)
     tokens = {key: list(r.generated_tokens) for key, r in results.items()}
     assert len(tokens) == len(prompts) and all(len(t) == max_new_tokens for t in tokens.values()), (
         f"{attn}: generation failed or stopped early: {tokens}"
@@ -109,8 +111,9 @@ def test_generate_batch_matches_transformers_paged_attention(monkeypatch):
     _check_against_references(model, prompts, ours, refs)
 
 
+@pytest.mark.parametrize("inference_mode", [False, True], ids=["no_grad", "inference_mode"])
 @pytest.mark.parametrize("route", ["block_table", "gathered"])
-def test_generate_batch_block_table_route_matches_sdpa(monkeypatch, route):
+def test_generate_batch_block_table_route_matches_sdpa(monkeypatch, route, inference_mode):
     """transformers >= 5.23: the block-table decode path with our kernels, and with it turned off by the
     caller (``max_blocks_per_request=0``) the gathered varlen path, against sdpa and paged|eager."""
     import hf_flashpatch
@@ -123,7 +126,7 @@ def test_generate_batch_block_table_route_matches_sdpa(monkeypatch, route):
     refs = _generate(model, prompts, "sdpa", 24), _generate(model, prompts, "paged|eager", 24)
     calls = _count_successes(monkeypatch, decode, ["kv_append", "paged_decode_forward"])
     off = dict(max_blocks_per_request=0) if route == "gathered" else {}
-    ours = _generate(model, prompts, hf_flashpatch.ATTN_NAME, 24, **off)
+    ours = _generate(model, prompts, hf_flashpatch.ATTN_NAME, 24, inference_mode=inference_mode, **off)
     assert model.config._attn_implementation == hf_flashpatch.ATTN_NAME  # restored after the batch
     if route == "block_table":
         assert calls["paged_decode_forward"] > 0, "the paged decode kernel was never called"

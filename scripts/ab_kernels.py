@@ -1,0 +1,164 @@
+"""A/B of two source trees of the project on the GPU: same calls, same inputs, interleaved processes.
+
+    python scripts/ab_kernels.py --tree base=/path/to/old/checkout --tree head=. [--rounds 3]
+
+Checks that a refactor of the kernel layer changed neither results nor speed. Each round starts one
+worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in alternating
+order; every worker times the same cases and saves its outputs. The table prints the median time
+per case and tree, the ratio to the first tree, and the largest difference of the outputs from the
+first tree's (0 where the kernels are the same: the forward and decode are deterministic; the
+backward accumulates dQ with atomics, so it differs in the last bits from call to call).
+
+Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
+- forward / backward, 4 x 4096, 16 heads, d128, causal and not; forward d64 causal;
+- decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
+  time in a CUDA graph (host checks skipped under capture), and per eager call with the default
+  host-side table checks (the overhead users see without graphs).
+Times are CUDA-event medians of ``--repeats`` timed calls after a warm-up call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BF16 = "bfloat16"
+
+
+def _cases(torch, hfp):
+    """name -> (callable, outputs_callable); inputs are built here, before any timing."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    dt = torch.bfloat16
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
+
+    cases = {}
+    for d, causal in [(128, False), (128, True), (64, True)]:
+        q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
+        cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
+            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), None)
+    for causal in (False, True):
+        q, k, v = (rand(4, 4096, 16, 128).requires_grad_() for _ in range(3))
+        grad = rand(4, 4096, 16, 128)
+        out = hfp.flash_attn_func(q, k, v, causal=causal)
+
+        def backward(out=out, q=q, k=k, v=v, grad=grad):
+            return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+        cases[f"bwd d128 4x4k {'causal' if causal else 'full'}"] = (backward, None)
+    batch, length = 64, 4096
+    q = rand(batch, 1, 32, 128)
+    k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)
+    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    cases["decode 64x4k contiguous"] = (lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens), "graph")
+    page = 16
+    pages_per_row = length // page
+    order = torch.randperm(batch * pages_per_row, device="cuda", generator=gen).int()
+    table = order.view(batch, pages_per_row)  # (B, pages): row b's pages, shuffled in the pool
+    k_pages = torch.empty(batch * pages_per_row, page, 8, 128, device="cuda", dtype=dt)
+    v_pages = torch.empty_like(k_pages)
+    k_pages[order.long()] = k_cache.reshape(batch * pages_per_row, page, 8, 128)  # (B*pages, page, H_kv, D)
+    v_pages[order.long()] = v_cache.reshape(batch * pages_per_row, page, 8, 128)
+    cases["decode 64x4k paged16"] = (lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens), "graph")
+    small_q, small_k, small_v = rand(8, 1, 32, 128), rand(8, 1024, 8, 128), rand(8, 1024, 8, 128)
+    small_lens = torch.full((8,), 1000, dtype=torch.int32, device="cuda")
+    cases["decode 8x1k contiguous"] = (
+        lambda: hfp.flash_attn_with_kvcache(small_q, small_k, small_v, small_lens), "graph")
+    return cases
+
+
+def _time_ms(torch, fn, repeats):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def _graph_time_ms(torch, fn, repeats, calls=10):
+    fn()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return _time_ms(torch, graph.replay, repeats) / calls
+
+
+def worker(tree: str, out: str, repeats: int) -> None:
+    sys.path.insert(0, str(Path(tree).resolve()))
+    import torch
+
+    import hf_flashpatch as hfp
+
+    assert Path(hfp.__file__).resolve().is_relative_to(Path(tree).resolve()), hfp.__file__
+    times, outputs = {}, {}
+    for name, (fn, form) in _cases(torch, hfp).items():
+        result = fn()
+        outputs[name] = [t.detach().cpu() for t in (result if isinstance(result, tuple) else (result,))]
+        if form == "graph":
+            times[f"{name} (graph)"] = _graph_time_ms(torch, fn, repeats)
+            times[f"{name} (eager)"] = _time_ms(torch, fn, repeats)
+        else:
+            times[name] = _time_ms(torch, fn, repeats)
+    torch.save(outputs, out + ".pt")
+    Path(out).write_text(json.dumps(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", action="append", default=[], help="NAME=PATH, the first is the base")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--worker", nargs=2, metavar=("TREE", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(*args.worker, args.repeats)
+    trees = [t.split("=", 1) for t in args.tree]
+    scratch = Path(tempfile.mkdtemp(prefix="ab_kernels_"))
+    runs = {name: [] for name, _ in trees}
+    for round_ in range(args.rounds):
+        order = trees if round_ % 2 == 0 else trees[::-1]
+        for name, path in order:
+            out = str(scratch / f"{name}_{round_}.json")
+            env = dict(os.environ, HF_FLASHPATCH_CACHE=str(scratch / f"cache_{name}"))
+            env["PYTHONPATH"] = os.pathsep.join([str(Path(path).resolve()), env.get("PYTHONPATH", "")])
+            subprocess.run([sys.executable, __file__, "--worker", path, out, "--repeats", str(args.repeats)],
+                           check=True, env=env)  # fmt: skip
+            runs[name].append(json.loads(Path(out).read_text()))
+    import torch
+
+    base = trees[0][0]
+    base_out = torch.load(scratch / f"{base}_0.json.pt")
+    diff = {name: {case: max((a.float() - b.float()).abs().max().item() for a, b in zip(base_out[case], outs[case]))
+                   for case in base_out}
+            for name in runs for outs in [torch.load(scratch / f"{name}_0.json.pt")]}  # fmt: skip
+    names = [n for n, _ in trees]
+    print(f"\n{'case':42s}" + "".join(f"{n + ' ms':>12s}" for n in names) + "".join(
+        f"{n + '/' + base:>14s}" for n in names[1:]) + "  max |diff| vs " + base)
+    for case in runs[base][0]:
+        med = {n: statistics.median(r[case] for r in runs[n]) for n in names}
+        ratios = "".join(f"{med[n] / med[base]:>14.3f}" for n in names[1:])
+        worst = max(diff[n][case.split(" (")[0]] for n in names[1:])
+        print(f"{case:42s}" + "".join(f"{med[n]:>12.4f}" for n in names) + ratios + f"  {worst:.3g}")
+
+
+if __name__ == "__main__":
+    main()
