@@ -14,7 +14,8 @@ Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks (the overhead users see without graphs).
-Times are CUDA-event medians of ``--repeats`` timed calls after a warm-up call.
+Eager times are CUDA-event medians of ``--repeats`` calls after a warm-up call; graph times are the
+mean call in ``--repeats`` replays of a 10-call graph (``bench_decode``'s timer).
 """
 
 from __future__ import annotations
@@ -88,25 +89,12 @@ def _time_ms(torch, fn, repeats):
     return statistics.median(times)
 
 
-def _graph_time_ms(torch, fn, repeats, calls=10):
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-    torch.cuda.current_stream().wait_stream(side)
-    return _time_ms(torch, graph.replay, repeats) / calls
-
-
 def worker(tree: str, out: str, repeats: int) -> None:
     sys.path.insert(0, str(Path(tree).resolve()))
     import torch
 
     import hf_flashpatch as hfp
+    from bench_decode import _graph_time_us as graph_time_us  # this script's folder is on sys.path
 
     assert Path(hfp.__file__).resolve().is_relative_to(Path(tree).resolve()), hfp.__file__
     times, outputs = {}, {}
@@ -114,7 +102,7 @@ def worker(tree: str, out: str, repeats: int) -> None:
         result = fn()
         outputs[name] = [t.detach().cpu() for t in (result if isinstance(result, tuple) else (result,))]
         if form == "graph":
-            times[f"{name} (graph)"] = _graph_time_ms(torch, fn, repeats)
+            times[f"{name} (graph)"] = graph_time_us(fn, repeats) / 1000.0
             times[f"{name} (eager)"] = _time_ms(torch, fn, repeats)
         else:
             times[name] = _time_ms(torch, fn, repeats)
