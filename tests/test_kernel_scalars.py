@@ -70,7 +70,9 @@ def recorder(monkeypatch):
     monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
     monkeypatch.setattr(backward, "_sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "choose_num_splits", lambda *a, **k: 1)
-    return rec
+    decode.decode_plan.cache_clear()  # plans hold the kernels they were made with
+    yield rec
+    decode.decode_plan.cache_clear()
 
 
 def _qkv(seqlen=4):

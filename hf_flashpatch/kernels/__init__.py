@@ -78,6 +78,26 @@ def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
     return ScoreScales(scale_log2, scale_log2, scale_log2, 0.0, 0.0)
 
 
+def call_op(op, impl, *args):
+    """``op(*args)``, or ``impl(*args)`` (the function behind the custom op ``op``) in plain eager inference.
+
+    The op is what ``torch.compile``, export, fake tensors, dispatch modes, functorch transforms and
+    autograd need. In plain eager inference (real tensors, no mode, nothing requiring grad) the
+    dispatcher only adds its per-call host cost, about as much as packing and launching the kernel,
+    which an eager decode loop pays in every layer of every step."""
+    if (
+        torch.compiler.is_compiling()
+        or torch.utils._python_dispatch._get_current_dispatch_mode() is not None
+        or torch._C._functorch.peek_interpreter_stack() is not None
+    ):
+        return op(*args)
+    grad = torch.is_grad_enabled()
+    for a in args:
+        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
+            return op(*args)
+    return impl(*args)
+
+
 _warned: set[tuple[str, str]] = set()
 
 

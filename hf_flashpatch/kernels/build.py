@@ -9,10 +9,13 @@
   check. Every failure of nvcc or of the sources reaches the caller as :class:`KernelUnsupported`,
   which the public API turns into the torch fallback; a cache that cannot be written is no failure.
 - **Load.** PyCUDA's ``module_from_buffer`` in torch's primary context (never a second context).
-- **Launch.** ``prepared_async_call``. When torch runs on the legacy default stream and is not
-  capturing a CUDA graph, the kernel goes on stream 0. Otherwise it forks onto a PyCUDA stream that
-  is wrapped as a ``torch.cuda.ExternalStream`` and joined back (``wait_stream`` both ways), which
-  orders correctly on side streams and records into ``torch.cuda.graph`` captures.
+- **Launch.** One precompiled :class:`struct.Struct` per entry point packs the parameter buffer, which
+  goes to the driver's launch (PyCUDA's ``_launch_kernel``, where its ``prepared_async_call`` ends; the
+  numpy casts that call needs cost more host time than the launch). When torch runs on the legacy
+  default stream and is not capturing a CUDA graph, the kernel goes on stream 0. Otherwise it forks
+  onto a PyCUDA stream that is wrapped as a ``torch.cuda.ExternalStream`` and joined back
+  (``wait_stream`` both ways), which orders correctly on side streams and records into
+  ``torch.cuda.graph`` captures.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import logging
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -29,7 +33,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..errors import KernelUnsupported
@@ -255,15 +258,15 @@ class _InContext:
         _pycuda().Context.pop()
 
 
-_ARG_CASTS = {"P": np.uintp, "i": np.int32, "I": np.uint32, "q": np.int64, "f": np.float32}
-
-
 class Kernel:
-    """A loaded kernel entry point with a fixed argument signature (PyCUDA ``prepare`` letters:
-    ``P`` pointer, ``i`` int32, ``q`` int64, ``f`` float32)."""
+    """A loaded kernel entry point with a fixed argument signature: one letter per argument, ``P``
+    pointer (a tensor, or None for a null pointer), ``i`` int32, ``I`` uint32, ``q`` int64, ``f`` float32.
+    The letters are a :mod:`struct` format, so the argument buffer is packed in one call with the C
+    ABI's natural alignment, which is how CUDA lays out kernel parameters."""
 
     def __init__(self, build: KernelBuild, entry: str, arg_types: str, device_index: int):
         self.build, self.entry, self.arg_types, self.device_index = build, entry, arg_types, device_index
+        self.packer = struct.Struct("@" + arg_types)
         cubin, _ = compile_cubin(build)
         driver = _pycuda()
         with _InContext(device_index):
@@ -272,33 +275,34 @@ class Kernel:
             except driver.Error as exc:  # e.g. a driver older than this nvcc: the fallback still serves
                 raise KernelUnsupported(f"the driver cannot load {build.source} ({build.arch}): {exc}") from exc
             self.function = self.module.get_function(entry)
-            self.function.prepare(arg_types)
         self._max_shared_set = 48 * 1024
+
+    def pack(self, args) -> bytes:
+        """The kernel's parameter buffer: tensors as their data pointers, None as a null pointer."""
+        if len(args) != len(self.arg_types):
+            raise TypeError(f"{self.entry} takes {len(self.arg_types)} arguments, got {len(args)}")
+        return self.packer.pack(*[
+            a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a for a in args
+        ])  # fmt: skip
 
     def __call__(self, grid, block, *args, shared_bytes: int = 0, tensors=()):
         """Launch on torch's current stream. ``tensors``: every tensor the kernel touches (kept alive
         on the side stream when we fork)."""
-        if len(args) != len(self.arg_types):
-            raise TypeError(f"{self.entry} takes {len(self.arg_types)} arguments, got {len(args)}")
-        cast = [
-            _ARG_CASTS[t](0 if a is None else a.data_ptr() if isinstance(a, torch.Tensor) else a)
-            for t, a in zip(self.arg_types, args)
-        ]
-        driver = _pycuda()
+        params = self.pack(args)
         with _InContext(self.device_index):
             if shared_bytes > self._max_shared_set:
                 self.function.set_attribute(
-                    driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_bytes)
+                    _pycuda().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_bytes)
                 )
                 self._max_shared_set = shared_bytes
             stream = torch.cuda.current_stream(self.device_index)
             if stream.cuda_stream == 0 and not torch.cuda.is_current_stream_capturing():
-                self.function.prepared_async_call(grid, block, None, *cast, shared_size=int(shared_bytes))
+                self.function._launch_kernel(grid, block, params, int(shared_bytes), None)
                 return
             side = _side_stream(self.device_index)
             external = torch.cuda.ExternalStream(side.handle, device=stream.device)
             external.wait_stream(stream)  # kernel starts after torch's queued work
-            self.function.prepared_async_call(grid, block, side, *cast, shared_size=int(shared_bytes))
+            self.function._launch_kernel(grid, block, params, int(shared_bytes), side)
             stream.wait_stream(external)  # torch's later work waits for the kernel
             if not torch.cuda.is_current_stream_capturing():
                 for t in tensors:

@@ -9,7 +9,9 @@ switch, ``cuda/decode_kv_address.cuh``). A CTA owns 16 query rows (``S_q x group
 head), so each K/V tile is loaded once for the whole GQA group; the key range is cut into
 ``num_splits`` chunks when ``B * H_kv`` CTAs would leave SMs idle, and a combine kernel merges the
 per-split ``(o, lse)``. Each launcher is a ``torch.library.custom_op`` with a fake implementation,
-so ``torch.compile`` and CUDA-graph capture see an opaque, shape-known op.
+so ``torch.compile`` and CUDA-graph capture see an opaque, shape-known op; plain eager inference calls
+the function behind the op directly (:func:`hf_flashpatch.kernels.call_op`). The kernels, split factor
+and grid of a call come from :func:`decode_plan`, made once per shape (per generation step).
 
 Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims other than
 32/64/96/128/256 (64 and 128 are the tuned ones), more than 64 query rows per KV head
@@ -21,11 +23,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 
 from ..errors import KernelUnsupported
-from . import fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
+from . import call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
@@ -95,52 +98,79 @@ def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------ launcher
 
 
-def _launch(
-    *, addressing, q, q_strides, cu_q, seqlen_q, total_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
-    index_stride, page_size, cu_k, out, out_strides, lse, lse_strides, batch, heads, kv_heads, typical_keys,
-    softmax_scale, softcap, window_left, window_right, key_starts=None,
-):  # fmt: skip
-    """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
-    config = DecodeConfig(q.shape[-1], q.dtype == torch.bfloat16, addressing, bool(softcap))
-    build = config.build(device_arch(q.device))
-    split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, q.device)
-    group = heads // kv_heads
+class DecodePlan(NamedTuple):
+    """What every layer of one generation step shares: the kernels, the split-KV factor and the grid."""
+
+    config: DecodeConfig
+    split_kernel: object  # build.Kernel
+    combine_kernel: object | None  # build.Kernel when num_splits > 1
+    num_splits: int
+    row_tiles: int  # query-row tiles per (KV head, sequence) in the grid
+
+
+@functools.lru_cache(maxsize=64)
+def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch: int, seqlen_q: int, total_q: int,
+                kv_heads: int, group: int, typical_keys: int, device_index: int) -> DecodePlan:  # fmt: skip
+    """The launch plan for these shapes, made once and reused (FlashInfer's plan/run split).
+
+    The key is shapes only, since the kernels read lengths, page tables and slots from device memory:
+    every layer of a generation step asks for the same plan, the first one makes it and the others
+    find it here; the next step of a growing cache (one more key) makes a new one. Workspaces are not
+    part of the plan: the per-split partials come from torch's caching allocator per call, which keeps
+    them stream-ordered across threads and valid inside CUDA-graph captures."""
+    device = torch.device("cuda", device_index)
+    config = DecodeConfig(head_dim, bf16, addressing, softcap)
+    build = config.build(device_arch(device))
+    split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, device)
     # Row tiles in the grid: enough for every row of a batched call; for packed q (where seqlen_q is
     # only an upper bound) at most MAX_ROWS_PER_KV_HEAD rows' worth, and each CTA loops over the
     # further tiles of a sequence that has more queries (cuda/decode.cu decode_split).
     row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
-    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(q.device.index or 0), ctas_per_sm(config), MIN_WAVES)
+    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(device_index), ctas_per_sm(config), MIN_WAVES)
+    combine_kernel = get_kernel(build, "hfp_decode_combine", _DECODE_ARG_TYPES, device) if num_splits > 1 else None
+    return DecodePlan(config, split_kernel, combine_kernel, num_splits, row_tiles)
+
+
+def _launch(
+    *, addressing, q, q_strides, cu_q, seqlen_q, total_q, k, v, k_strides, v_strides, seqlens, default_seqlen, index,
+    index_stride, page_size, cu_k, out, out_strides, lse, lse_strides, batch, heads, kv_heads, typical_keys,
+    softmax_scale, softcap, window_left, window_right, key_starts=None,
+):  # fmt: skip
+    """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
+    head_dim = q.shape[-1]
+    plan = decode_plan(addressing, head_dim, q.dtype == torch.bfloat16, bool(softcap), batch, seqlen_q, total_q,
+                       kv_heads, heads // kv_heads, typical_keys, q.device.index or 0)  # fmt: skip
+    num_splits = plan.num_splits
     o_part = lse_part = None
     if num_splits > 1:
         # (split, flat token, H, D) and (split, flat token, H)
-        o_part = torch.empty(num_splits, total_q, heads, q.shape[-1], device=q.device, dtype=torch.float32)
+        o_part = torch.empty(num_splits, total_q, heads, head_dim, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(num_splits, total_q, heads, device=q.device, dtype=torch.float32)
-    score_mul, softcap_mul = _scales(q.shape[-1], softmax_scale, softcap)
+    score_mul, softcap_mul = _scales(head_dim, softmax_scale, softcap)
     args = (
         q, *q_strides, cu_q, seqlen_q,
         k, v, *k_strides, *v_strides, seqlens, key_starts, default_seqlen, index, index_stride, page_size, cu_k,
         k.shape[0],  # pool rows: the kernel clamps page ids / slots into them (cuda/decode_kv_address.cuh)
         out, *out_strides, lse, *lse_strides, o_part, lse_part,
-        batch, heads, kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right,
+        batch, heads, kv_heads, num_splits, plan.row_tiles, total_q, score_mul, softcap_mul, window_left,
+        window_right,
     )  # fmt: skip
     tensors = [t for t in (q, cu_q, k, v, seqlens, key_starts, index, cu_k, out, lse, o_part, lse_part) if t is not None]
-    split_kernel(
-        (row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), *args,
-        shared_bytes=config.shared_bytes, tensors=tensors,
+    plan.split_kernel(
+        (plan.row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), *args,
+        shared_bytes=plan.config.shared_bytes, tensors=tensors,
     )  # fmt: skip
     if num_splits > 1:
-        combine = get_kernel(build, "hfp_decode_combine", _DECODE_ARG_TYPES, q.device)
         rows = total_q * heads
-        combine((-(-rows // 4), 1, 1), (128, 1, 1), *args, tensors=tensors)
+        plan.combine_kernel((-(-rows // 4), 1, 1), (128, 1, 1), *args, tensors=tensors)
 
 
 # ------------------------------------------------------------------------------------ custom ops
 
 
-@torch.library.custom_op("hf_flashpatch::decode", mutates_args=())
-def _decode_op(
+def _decode_impl(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor | None,
     key_starts: torch.Tensor | None, softmax_scale: float, window_left: int, window_right: int, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -173,6 +203,9 @@ def _decode_op(
     return out, lse
 
 
+_decode_op = torch.library.custom_op("hf_flashpatch::decode", mutates_args=())(_decode_impl)
+
+
 def _fake_batched(q: torch.Tensor, *_args) -> tuple[torch.Tensor, torch.Tensor]:
     """Shapes of a batched decode: out ``(B, S_q, H, D)`` contiguous, lse ``(B, H, S_q)`` fp32."""
     batch, seqlen_q, heads, _ = q.shape
@@ -184,8 +217,7 @@ def _fake_batched(q: torch.Tensor, *_args) -> tuple[torch.Tensor, torch.Tensor]:
 _decode_op.register_fake(_fake_batched)
 
 
-@torch.library.custom_op("hf_flashpatch::paged_decode", mutates_args=())
-def _paged_decode_op(
+def _paged_decode_impl(
     q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, page_table: torch.Tensor, seqlens_k: torch.Tensor,
     softmax_scale: float, window_left: int, window_right: int, softcap: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -205,11 +237,11 @@ def _paged_decode_op(
     return out, lse
 
 
+_paged_decode_op = torch.library.custom_op("hf_flashpatch::paged_decode", mutates_args=())(_paged_decode_impl)
 _paged_decode_op.register_fake(_fake_batched)
 
 
-@torch.library.custom_op("hf_flashpatch::slot_decode", mutates_args=())
-def _slot_decode_op(
+def _slot_decode_impl(
     q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, softmax_scale: float, window_left: int, window_right: int,
     softcap: float,
@@ -238,6 +270,9 @@ def _slot_decode_op(
     return out, lse
 
 
+_slot_decode_op = torch.library.custom_op("hf_flashpatch::slot_decode", mutates_args=())(_slot_decode_impl)
+
+
 @_slot_decode_op.register_fake
 def _(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
       softcap):  # fmt: skip
@@ -247,8 +282,7 @@ def _(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softma
     )
 
 
-@torch.library.custom_op("hf_flashpatch::kv_append", mutates_args=("k_pool", "v_pool"))
-def _kv_append_op(
+def _kv_append_impl(
     k_new: torch.Tensor, v_new: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor
 ) -> None:
     """``k_pool[slots[t]] = k_new[t]`` (and V): new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)``,
@@ -270,6 +304,11 @@ def _kv_append_op(
         v_pool.stride(0) // chunk, v_pool.stride(1) // chunk, slots, num_tokens, kv_heads, row_chunks,
         min(k_pool.shape[0], v_pool.shape[0]), tensors=(k_new, v_new, k_pool, v_pool, slots),
     )  # fmt: skip
+
+
+_kv_append_op = torch.library.custom_op("hf_flashpatch::kv_append", mutates_args=("k_pool", "v_pool"))(
+    _kv_append_impl
+)
 
 
 @_kv_append_op.register_fake
@@ -301,8 +340,8 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     if key_starts is not None:
         key_starts = key_starts.to(device=q.device, dtype=torch.int32).contiguous()
-    return _decode_op(
-        q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
+    return call_op(
+        _decode_op, _decode_impl, q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
         int(window_left), int(window_right), float(softcap or 0.0),
     )  # fmt: skip
 
@@ -318,8 +357,9 @@ def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, 
     if page_table.stride(-1) != 1:
         page_table = page_table.contiguous()
     seqlens_k = seqlens_k.to(device=q.device, dtype=torch.int32).contiguous()
-    return _paged_decode_op(
-        _aligned_q(q), k_pages, v_pages, page_table, seqlens_k, _scale_or_default(q, softmax_scale),
+    return call_op(
+        _paged_decode_op, _paged_decode_impl, _aligned_q(q), k_pages, v_pages, page_table, seqlens_k,
+        _scale_or_default(q, softmax_scale),
         int(window_left), int(window_right), float(softcap or 0.0),
     )  # fmt: skip
 
@@ -353,8 +393,9 @@ def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, ma
     mean_queries = min(int(max_seqlen_q), -(-q.shape[0] // num_seqs))
     _check_common(q, k_pool, v_pool, heads, k_pool.shape[1], mean_queries)
     slots = slots.to(device=q.device, dtype=torch.int64).contiguous()
-    return _slot_decode_op(
-        _aligned_q(q), k_pool, v_pool, slots, cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous(),
+    return call_op(
+        _slot_decode_op, _slot_decode_impl, _aligned_q(q), k_pool, v_pool, slots,
+        cu_seqlens_q.to(device=q.device, dtype=torch.int32).contiguous(),
         cu_seqlens_k.to(device=q.device, dtype=torch.int32).contiguous(), int(max_seqlen_q),
         _scale_or_default(q, softmax_scale), int(window_left), int(window_right), float(softcap or 0.0),
     )  # fmt: skip
@@ -373,7 +414,8 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots) -> None:
             raise KernelUnsupported(
                 f"kv_append needs 16-byte aligned rows of {name}, got strides {t.stride()} shape {tuple(t.shape)}"
             )
-    _kv_append_op(k_new, v_new, k_pool, v_pool, slots.to(device=k_new.device, dtype=torch.int64).contiguous())
+    slots = slots.to(device=k_new.device, dtype=torch.int64).contiguous()
+    _kv_append_op(k_new, v_new, k_pool, v_pool, slots)  # always the op: it bumps the pools' version counters
 
 
 def _scale_or_default(q: torch.Tensor, softmax_scale) -> float:

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import forward_torch
-from . import fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
+from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .heuristics import TileShape, forward_tile_shape
 
@@ -252,8 +252,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     return out, lse
 
 
-@torch.library.custom_op("hf_flashpatch::attention_forward", mutates_args=())
-def attention_forward_op(
+def _attention_forward_impl(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -286,6 +285,11 @@ def attention_forward_op(
         return forward_torch.varlen_attention_with_lse(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, left,
                                                        right, softcap)  # fmt: skip
     return forward_torch.attention_with_lse(q, k, v, softmax_scale, left, right, softcap)
+
+
+attention_forward_op = torch.library.custom_op("hf_flashpatch::attention_forward", mutates_args=())(
+    _attention_forward_impl
+)
 
 
 @attention_forward_op.register_fake
@@ -323,8 +327,8 @@ def attention_forward(
     elif q.dim() != 4:
         raise ValueError(f"batched q must be (B, S_q, H, D), got {tuple(q.shape)}")
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return attention_forward_op(
-        q, k, v, cu_seqlens_q, cu_seqlens_k,
+    return call_op(
+        attention_forward_op, _attention_forward_impl, q, k, v, cu_seqlens_q, cu_seqlens_k,
         int(max_seqlen_q or 0), int(max_seqlen_k or 0), scale, bool(causal),
         int(window_left), int(window_right), float(softcap or 0.0), bool(deterministic),
     )  # fmt: skip
