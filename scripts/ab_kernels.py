@@ -14,7 +14,8 @@ Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
   d128, causal and not; forward d64 causal;
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
-  host-side table checks (the overhead users see without graphs).
+  host-side table checks and without them (``check_inputs=False``; the older API has no check): the
+  overhead users see without graphs.
 Eager times are CUDA-event medians of ``--repeats`` calls after a warm-up call; graph times are the
 mean call in ``--repeats`` replays of a 10-call graph (``bench_decode``'s timer).
 """
@@ -22,6 +23,7 @@ mean call in ``--repeats`` replays of a 10-call graph (``bench_decode``'s timer)
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -59,7 +61,12 @@ def _cases(torch, hfp):
     q = rand(batch, 1, 32, 128)
     k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)
     lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    # the table check of the newer API: off in the "unchecked" rows (the older API has no check)
+    has_check = "check_inputs" in inspect.signature(hfp.flash_attn_with_kvcache).parameters
+    unchecked = {"check_inputs": False} if has_check else {}
     cases["decode 64x4k contiguous"] = (lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens), "graph")
+    cases["decode 64x4k contiguous unchecked"] = (
+        lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens, **unchecked), "eager")
     page = 16
     pages_per_row = length // page
     order = torch.randperm(batch * pages_per_row, device="cuda", generator=gen).int()
@@ -69,10 +76,14 @@ def _cases(torch, hfp):
     k_pages[order.long()] = k_cache.reshape(batch * pages_per_row, page, 8, 128)  # (B*pages, page, H_kv, D)
     v_pages[order.long()] = v_cache.reshape(batch * pages_per_row, page, 8, 128)
     cases["decode 64x4k paged16"] = (lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens), "graph")
+    cases["decode 64x4k paged16 unchecked"] = (
+        lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens, **unchecked), "eager")
     small_q, small_k, small_v = rand(8, 1, 32, 128), rand(8, 1024, 8, 128), rand(8, 1024, 8, 128)
     small_lens = torch.full((8,), 1000, dtype=torch.int32, device="cuda")
     cases["decode 8x1k contiguous"] = (
         lambda: hfp.flash_attn_with_kvcache(small_q, small_k, small_v, small_lens), "graph")
+    cases["decode 8x1k contiguous unchecked"] = (
+        lambda: hfp.flash_attn_with_kvcache(small_q, small_k, small_v, small_lens, **unchecked), "eager")
     return cases
 
 
@@ -102,7 +113,9 @@ def worker(tree: str, out: str, repeats: int) -> None:
     for name, (fn, form) in _cases(torch, hfp).items():
         result = fn()
         outputs[name] = [t.detach().cpu() for t in (result if isinstance(result, tuple) else (result,))]
-        if form == "graph":
+        if form == "eager":
+            times[f"{name} (eager)"] = _time_ms(torch, fn, repeats)
+        elif form == "graph":
             times[f"{name} (graph)"] = graph_time_us(fn, repeats) / 1000.0
             times[f"{name} (eager)"] = _time_ms(torch, fn, repeats)
         else:

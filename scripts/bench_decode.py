@@ -10,6 +10,9 @@ TB/s = bytes of K and V read (2 * B * L * H_kv * D * 2) / time; each call is tim
 least 3 interleaved passes, and the median is reported (with the spread). The HBM read ceiling (a ``.sum()`` over 4 GB
 of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
 
+Eager ``generate`` part: new tokens/s of a plain eager dynamic-cache ``generate`` (8 layers, batch 1 and 8,
+256 + 128 tokens), ``sdpa`` vs ours: the host time per attention call shows here.
+
 End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped model (8 layers,
 hidden 2048, 32/8 heads). transformers < 5.23: ``paged|hfpatch`` vs ``paged|sdpa``. transformers >= 5.23:
 ``hfpatch`` (decode steps on the block-table path: kv_append + paged decode kernels) vs ``sdpa``, plus
@@ -220,8 +223,38 @@ def generate_rows(results: list, quick: bool) -> None:
         })  # fmt: skip
 
 
+def eager_generate_rows(results: list, quick: bool) -> None:
+    """New tokens/s of plain eager ``generate`` (dynamic cache, ``inference_mode``, unpadded prompts), where
+    the host time of every attention call counts: ``sdpa`` vs ours on the same model, best of 2 calls."""
+    import hf_flashpatch
+
+    model = _random_llama()
+    prompt_len, new_tokens = (128, 32) if quick else (256, 128)
+    for batch in (1, 8):
+        ids = torch.randint(3, 32000, (batch, prompt_len), device="cuda")
+        for attn in ("sdpa", hf_flashpatch.ATTN_NAME):
+            model.set_attn_implementation(attn)
+            best = 0.0
+            for _ in range(2):  # the first call also builds kernels
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    out = model.generate(
+                        input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
+                        max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                    )  # fmt: skip
+                torch.cuda.synchronize()
+                best = max(best, batch * (out.shape[1] - prompt_len) / (time.perf_counter() - start))
+            results.append({
+                "name": f"eager generate {attn}", "series": attn, "panel": "eager generate new tokens/s",
+                "x": f"{batch}x({prompt_len}+{new_tokens})", "value": best, "unit": "tok/s",
+            })  # fmt: skip
+            print(f"eager generate {attn:8s} batch {batch}: {best:8.1f} new tok/s")
+
+
 def run(results: list, quick: bool = False, rounds: int = 3) -> None:
     kernel_rows(results, quick, rounds=max(rounds, 3))
+    eager_generate_rows(results, quick)
     try:
         generate_rows(results, quick)
     except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
