@@ -1,12 +1,13 @@
 """Host time per call of the public API on CUDA (the launch overhead an eager decode loop pays per layer).
 
-    python scripts/profile_host.py [--calls 300] [--top 18]
+    python scripts/profile_host.py [--calls 300] [--top 18] [--generate]
 
 Tiny shapes (GQA 32/8, d128, batch 8, 1k keys; a 1 x 128 forward) so that the GPU never holds the host
 back: the wall time of ``--calls`` calls without synchronising, divided by the calls, is what the Python
 side costs. Each API form is timed with the default table checks and with ``check_inputs=False``,
 next to torch SDPA on the same tensors (a peer in the same run); then cProfile lists where the time of
-the paged decode call goes.
+the paged decode call goes. ``--generate`` profiles a plain eager ``generate`` instead (the random
+8-layer Llama of ``bench_decode``, batch 1, 256 + 64 tokens), ``sdpa`` and ours, sorted by own time.
 """
 
 from __future__ import annotations
@@ -34,11 +35,39 @@ def _host_us(fn, calls: int) -> float:
     return host * 1e6 / calls
 
 
+def profile_generate(top: int) -> None:
+    from bench_decode import _random_llama  # this script's folder is on sys.path
+
+    model = _random_llama()
+    ids = torch.randint(3, 32000, (1, 256), device="cuda")
+
+    def generate():
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
+                           max_new_tokens=64, min_new_tokens=64)  # fmt: skip
+        torch.cuda.synchronize()
+
+    for attn in ("sdpa", hfp.ATTN_NAME):
+        model.set_attn_implementation(attn)
+        generate()  # kernel builds, warm caches
+        start = time.perf_counter()
+        generate()
+        print(f"\n=== {attn}: {(time.perf_counter() - start) / 64 * 1e3:.2f} ms per new token")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        generate()
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--top", type=int, default=18)
+    parser.add_argument("--generate", action="store_true")
     args = parser.parse_args()
+    if args.generate:
+        return profile_generate(args.top)
     dev, dt = "cuda", torch.bfloat16
     batch, length, page = 8, 1024, 16
     q = torch.randn(batch, 1, 32, 128, device=dev, dtype=dt)  # (B, 1, H, D)
