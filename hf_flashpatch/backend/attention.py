@@ -273,9 +273,8 @@ def attention_forward(
             "itself, which this backend cannot honour (use 'sdpa' for such a model)"
         )
     dtype = common_dtype(module, query, key, value)
-    q = query.transpose(1, 2).to(dtype)  # (B, S_q, H, D) view
-    k = key.transpose(1, 2).to(dtype)  # (B, S_k, H_kv, D)
-    v = value.transpose(1, 2).to(dtype)
+    # (B, S_q, H, D) and (B, S_k, H_kv, D) views; a cast only where needed (every op costs host time per layer)
+    q, k, v = (t.transpose(1, 2) if t.dtype == dtype else t.transpose(1, 2).to(dtype) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window), softcap=softcap)
 

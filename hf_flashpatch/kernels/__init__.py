@@ -33,14 +33,20 @@ def _toolchain_problem() -> str | None:
     return None
 
 
-def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
-    """None when the CUDA kernels can serve a call on ``tensor``'s device, else the reason."""
-    if not tensor.is_cuda:
-        return f"tensor is on {tensor.device}"
-    major, minor = torch.cuda.get_device_capability(tensor.device)
+@functools.lru_cache(maxsize=None)
+def _device_problem(device_index: int) -> str | None:
+    major, minor = torch.cuda.get_device_capability(device_index)
     if major < 8:
         return f"compute capability {major}.{minor} < 8.0"
     return _toolchain_problem()
+
+
+def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
+    """None when the CUDA kernels can serve a call on ``tensor``'s device, else the reason (asked once
+    per device: every decode layer asks)."""
+    if not tensor.is_cuda:
+        return f"tensor is on {tensor.device}"
+    return _device_problem(tensor.device.index)
 
 
 def fold_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
@@ -79,7 +85,8 @@ def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
 
 
 def call_op(op, impl, *args):
-    """``op(*args)``, or ``impl(*args)`` (the function behind the custom op ``op``) in plain eager inference.
+    """``op(*args)``, or ``impl(*args)`` in plain eager inference: the function behind the custom op ``op``,
+    or the part of it that remains for inputs the caller has already checked.
 
     The op is what ``torch.compile``, export, fake tensors, dispatch modes, functorch transforms and
     autograd need. In plain eager inference (real tensors, no mode, nothing requiring grad) the

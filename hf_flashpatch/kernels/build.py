@@ -245,6 +245,12 @@ def _primary_context(device_index: int):
         return ctx
 
 
+def _current_raw_stream(device_index: int) -> int:
+    """The handle of torch's current stream (what inductor's launchers read; one C call, no Stream object)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+
+
 class _InContext:
     """Make the device's primary context current in PyCUDA's (thread-local) view for a block."""
 
@@ -276,6 +282,7 @@ class Kernel:
                 raise KernelUnsupported(f"the driver cannot load {build.source} ({build.arch}): {exc}") from exc
             self.function = self.module.get_function(entry)
         self._max_shared_set = 48 * 1024
+        self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
 
     def pack(self, args) -> bytes:
         """The kernel's parameter buffer: tensors as their data pointers, None as a null pointer."""
@@ -289,16 +296,21 @@ class Kernel:
         """Launch on torch's current stream. ``tensors``: every tensor the kernel touches (kept alive
         on the side stream when we fork)."""
         params = self.pack(args)
-        with _InContext(self.device_index):
+        if self._context is None:
+            self._context = _primary_context(self.device_index)
+            self._driver = _pycuda()
+        self._context.push()
+        try:
             if shared_bytes > self._max_shared_set:
                 self.function.set_attribute(
-                    _pycuda().function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_bytes)
+                    self._driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_bytes)
                 )
                 self._max_shared_set = shared_bytes
-            stream = torch.cuda.current_stream(self.device_index)
-            if stream.cuda_stream == 0 and not torch.cuda.is_current_stream_capturing():
+            # The legacy default stream (handle 0) cannot be captured into a graph: launch on it directly.
+            if _current_raw_stream(self.device_index) == 0:
                 self.function._launch_kernel(grid, block, params, int(shared_bytes), None)
                 return
+            stream = torch.cuda.current_stream(self.device_index)
             side = _side_stream(self.device_index)
             external = torch.cuda.ExternalStream(side.handle, device=stream.device)
             external.wait_stream(stream)  # kernel starts after torch's queued work
@@ -307,6 +319,8 @@ class Kernel:
             if not torch.cuda.is_current_stream_capturing():
                 for t in tensors:
                     t.record_stream(external)
+        finally:
+            self._driver.Context.pop()
 
 
 def _side_stream(device_index: int):

@@ -189,6 +189,14 @@ def _decode_impl(
         return forward_torch.attention_with_lse(
             q, k_cache, v_cache, softmax_scale, window_left, window_right, softcap, key_starts, cache_seqlens
         )
+    return _decode_launch(q, k_cache, v_cache, cache_seqlens, key_starts, softmax_scale, window_left, window_right,
+                          softcap)  # fmt: skip
+
+
+def _decode_launch(q, k_cache, v_cache, cache_seqlens, key_starts, softmax_scale, window_left, window_right, softcap):
+    """The kernel part of :func:`_decode_impl`, for calls already checked."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    kv_heads = k_cache.shape[2]
     q = _aligned_q(q)
     out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
@@ -335,13 +343,18 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
     batch, seqlen_q, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
     if not torch_fallback:
+        unavailable = kernels_unavailable_reason(q)
+        if unavailable is not None:
+            raise KernelUnsupported(unavailable)
         _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
     if cache_seqlens is not None:
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     if key_starts is not None:
         key_starts = key_starts.to(device=q.device, dtype=torch.int32).contiguous()
+    # checked above: in eager mode the op's function may skip straight to the launch
+    eager_impl = _decode_impl if torch_fallback else _decode_launch
     return call_op(
-        _decode_op, _decode_impl, q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
+        _decode_op, eager_impl, q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
         int(window_left), int(window_right), float(softcap or 0.0),
     )  # fmt: skip
 
