@@ -342,17 +342,15 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
     window_left, window_right = fold_window(causal, window_left, window_right)
     batch, seqlen_q, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
+    eager_impl = _decode_impl
     if not torch_fallback:
-        unavailable = kernels_unavailable_reason(q)
-        if unavailable is not None:
-            raise KernelUnsupported(unavailable)
         _check_common(q, k_cache, v_cache, heads, kv_heads, seqlen_q)
+        if not torch.compiler.is_compiling() and kernels_unavailable_reason(q) is None:
+            eager_impl = _decode_launch  # checked: in eager mode the op's function may skip to the launch
     if cache_seqlens is not None:
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     if key_starts is not None:
         key_starts = key_starts.to(device=q.device, dtype=torch.int32).contiguous()
-    # checked above: in eager mode the op's function may skip straight to the launch
-    eager_impl = _decode_impl if torch_fallback else _decode_launch
     return call_op(
         _decode_op, eager_impl, q, k_cache, v_cache, cache_seqlens, key_starts, _scale_or_default(q, softmax_scale),
         int(window_left), int(window_right), float(softcap or 0.0),
