@@ -8,7 +8,7 @@ import sys
 USAGE = """usage: hf-flashpatch {demo,convert,doctor} [args]
 
   demo     load the shipped SmolLM2-135M (or --model PATH), patch it, check logits vs sdpa, generate
-  convert  SRC DST --kv-heads N [--method mean|first|random] [--overwrite]: MHA -> GQA/MQA checkpoint
+  convert  SRC DST --kv-heads N [--method pca|mean|first|random] [--overwrite]: MHA -> GQA/MQA checkpoint
   doctor   GPU, arch, nvcc, pycuda, cache dir and the shipped kernel builds (--compile builds them all)
 """
 

@@ -51,9 +51,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import text_data
 from .atomic_dir import atomic_dir, check_destination
 from .gqa_calibration import DEFAULT_TOKENS as DEFAULT_CALIBRATION_TOKENS
-from .gqa_calibration import heldout_ids, usable_tokenizer
+from .gqa_calibration import DEFAULT_SEQ_LEN, heldout_ids, text_source_used, usable_tokenizer
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 METHODS = ("pca", "mean", "first", "random")
@@ -207,14 +208,14 @@ def _set_kv_heads(model: nn.Module, attention_modules, num_key_value_heads: int)
 
 
 def _pca_merge(model: nn.Module, modules, num_key_value_heads: int, *, tokenizer, calibration_ids, calibration_tokens,
-               seed: int, progress: bool) -> dict:
+               seed: int, progress: bool, text_source: str, text_cache) -> dict:
     """Calibrate, then give every attention module its merged q/k/v/o weights; returns the calibration details."""
     from .gqa_calibration import calibrate, decoder_layers
     from .gqa_merge import check_rope_pairs, merge_attention
 
     check_rope_pairs(model)
     moments, details = calibrate(model, tokenizer=tokenizer, ids=calibration_ids, tokens=calibration_tokens,
-                                 seed=seed, progress=progress)
+                                 seed=seed, source=text_source, cache_dir=text_cache, progress=progress)
     layers = decoder_layers(model)
     if [layer.self_attn for layer in layers] != list(modules):
         raise ValueError(f"{type(model).__name__}: decoder layers and attention modules do not pair up one to one")
@@ -255,7 +256,8 @@ def _report(config, before_kv, after_kv, method, params_before, params_after, dt
 
 def convert_to_gqa(model_or_path, num_key_value_heads: int, *, method: str = DEFAULT_METHOD, seed: int = 0,
                    return_report: bool = False, tokenizer=None, calibration_ids: torch.Tensor | None = None,
-                   calibration_tokens: int = DEFAULT_CALIBRATION_TOKENS, progress: bool = True):
+                   calibration_tokens: int = DEFAULT_CALIBRATION_TOKENS, progress: bool = True,
+                   text_source: str = "auto", text_cache=None):
     """Merge the K/V heads of a Llama/Mistral/Qwen2/Qwen3 model down to ``num_key_value_heads``.
 
     ``model_or_path``: a loaded ``*ForCausalLM`` (converted in place) or a local checkpoint folder.
@@ -263,7 +265,8 @@ def convert_to_gqa(model_or_path, num_key_value_heads: int, *, method: str = DEF
     current KV head count is an identity (no weight is touched, whatever the method).
 
     ``pca`` calibrates first, on the first of: ``calibration_ids`` (``(B, S)`` token ids), else
-    ``calibration_tokens`` tokens of the offline corpus's training text through ``tokenizer`` (loaded
+    ``calibration_tokens`` tokens of the training text of the offline corpus ``text_source``
+    (``text_data.SOURCES``, cached under ``text_cache``) through ``tokenizer`` (loaded
     from ``model_or_path`` when that is a folder), else random token ids (worse: not text statistics).
     ``progress`` shows a progress bar while calibrating.
     """
@@ -280,7 +283,7 @@ def convert_to_gqa(model_or_path, num_key_value_heads: int, *, method: str = DEF
     if num_key_value_heads != kv_heads and method == "pca":
         calibration = _pca_merge(model, modules, num_key_value_heads, tokenizer=tokenizer,
                                  calibration_ids=calibration_ids, calibration_tokens=calibration_tokens,
-                                 seed=seed, progress=progress)
+                                 seed=seed, progress=progress, text_source=text_source, text_cache=text_cache)
         _set_kv_heads(model, modules, num_key_value_heads)
     elif num_key_value_heads != kv_heads:
         generator = torch.Generator().manual_seed(seed)
@@ -384,22 +387,25 @@ def _write_errors() -> tuple[type[BaseException], ...]:
     return (OSError, SafetensorError)
 
 
-def _heldout_perplexity(model: nn.Module, ids: torch.Tensor) -> float:
+def _heldout_perplexity(model: nn.Module, ids: torch.Tensor, when: str = "", progress: bool = False) -> float:
+    from tqdm.auto import tqdm
+
     from .training import evaluate_perplexity
 
     batches = [{"input_ids": ids[i:i + 4], "labels": ids[i:i + 4]} for i in range(0, ids.shape[0], 4)]  # (4, S) each
-    return evaluate_perplexity(model, batches)
+    return evaluate_perplexity(model, tqdm(batches, desc=f"perplexity {when}", unit="batch", disable=not progress))
 
 
 def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: str = DEFAULT_METHOD, seed: int = 0,
                        dtype: torch.dtype | None = None, overwrite: bool = False,
                        calibration_tokens: int = DEFAULT_CALIBRATION_TOKENS, eval_tokens: int = 0,
-                       progress: bool = True) -> ConversionReport:
+                       progress: bool = True, text_source: str = "auto", text_cache=None) -> ConversionReport:
     """Load ``src`` (a checkpoint folder, or ``smollm2`` for the shipped SmolLM2-135M), convert, save to ``dst``.
 
     The tokenizer (when ``src`` has one) is saved alongside, and ``gqa_conversion.json`` records the report,
     with the calibration details (``pca``) and, when ``eval_tokens`` > 0 and there is a tokenizer, the
-    perplexity on that many held-out tokens of the offline corpus before and after the conversion.
+    perplexity on that many held-out tokens of the offline corpus before and after the conversion
+    (``text_source`` / ``text_cache``: which corpus, as :func:`convert_to_gqa` calibrates on).
     ``dst`` must not exist or be an empty folder unless ``overwrite``. It is written into a temporary
     folder beside it and renamed into place (:mod:`hf_flashpatch.atomic_dir`), so an error or a kill at
     any point leaves ``dst`` as it was or complete. Raises :class:`ConversionError` for a missing or
@@ -414,14 +420,18 @@ def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: 
             changes = num_key_value_heads != (model.config.num_key_value_heads or model.config.num_attention_heads)
             measure = eval_tokens > 0 and usable_tokenizer(tokenizer) and changes
             if measure:
-                eval_ids, eval_data = heldout_ids(tokenizer, tokens=eval_tokens)
-                before = _heldout_perplexity(model, eval_ids)
+                seq_len = min(DEFAULT_SEQ_LEN, getattr(model.config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN)
+                eval_ids, eval_data = heldout_ids(tokenizer, tokens=eval_tokens, seq_len=seq_len, source=text_source,
+                                                  cache_dir=text_cache)
+                before = _heldout_perplexity(model, eval_ids, "before", progress)
             model, report = convert_to_gqa(model, num_key_value_heads, method=method, seed=seed, return_report=True,
                                            tokenizer=tokenizer, calibration_tokens=calibration_tokens,
-                                           progress=progress)
+                                           progress=progress, text_source=text_source, text_cache=text_cache)
             if measure:
-                report = replace(report, perplexity={"data": eval_data, "tokens": int(eval_ids.numel()),
-                                                     "before": before, "after": _heldout_perplexity(model, eval_ids)})
+                after = _heldout_perplexity(model, eval_ids, "after", progress)
+                report = replace(report, perplexity={"source": text_source_used(text_source, text_cache),
+                                                     "data": eval_data, "tokens": int(eval_ids.numel()),
+                                                     "before": before, "after": after})
             model.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -455,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pca: tokens of training text to measure each layer's attention input on")
     parser.add_argument("--eval-tokens", type=int, default=4096,
                         help="held-out tokens to measure perplexity on before and after (0: skip; needs a tokenizer)")
+    parser.add_argument("--text-source", choices=text_data.SOURCES, default="auto",
+                        help="corpus whose training documents calibrate and whose held-out ones measure perplexity")
+    parser.add_argument("--text-cache", default=None, help="folder the corpus text is cached in "
+                        "(default ~/.cache/hf_flashpatch/text)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for --method random, and for pca's random calibration ids (no tokenizer)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
@@ -466,10 +480,15 @@ def main(argv: list[str] | None = None) -> int:
         return fail(parser.prog, f"--calibration-tokens must be >= 1 and --eval-tokens >= 0, got "
                                  f"{args.calibration_tokens} and {args.eval_tokens}")
     try:
+        text_data.check_corpus(args.text_source, args.text_cache)  # before the (slow) load
+    except text_data.TextDataError as error:
+        return fail(parser.prog, f"--text-source: {error}")
+    try:
         report = convert_checkpoint(args.src, args.dst, args.kv_heads, method=args.method, seed=args.seed,
                                     dtype=getattr(torch, args.dtype) if args.dtype else None,
                                     overwrite=args.overwrite, calibration_tokens=args.calibration_tokens,
-                                    eval_tokens=args.eval_tokens)
+                                    eval_tokens=args.eval_tokens, text_source=args.text_source,
+                                    text_cache=args.text_cache)
     except (ConversionError, ValueError) as error:
         return fail(parser.prog, str(error))
     except KeyboardInterrupt:

@@ -15,7 +15,6 @@ the statistics are not those of text, so the merge is worse; the report says whi
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -75,9 +74,8 @@ def _text_ids(split: str, tokenizer, *, tokens: int, seq_len: int, source: str, 
     """``(B, seq_len)`` token ids from the first documents of ``split`` (``train`` or ``eval``) of the corpus."""
     from . import text_data
 
-    cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "hf_flashpatch" / "text"
-    documents = text_data.load_text_splits(None, cache_dir=cache, source=source)[split]
-    source_used = (cache / "SOURCE").read_text().strip() if (cache / "SOURCE").is_file() else source
+    documents = text_data.load_text_splits(None, cache_dir=cache_dir, source=source)[split]
+    source_used = text_source_used(source, cache_dir)
     rows = max(1, tokens // seq_len)
     flat: list[int] = []
     for start in range(0, len(documents), 8):  # a few documents at a time: only as many as the budget needs
@@ -115,26 +113,37 @@ def usable_tokenizer(tokenizer) -> bool:
         len(tokenizer("The attention heads of a group.", add_special_tokens=False)["input_ids"]) > 0
 
 
+def text_source_used(source: str = "auto", cache_dir=None) -> str:
+    """The corpus :func:`calibration_ids` / :func:`heldout_ids` read for ``source`` (``auto`` -> ``wiki`` or ``pydoc``)."""
+    from . import text_data
+
+    return text_data.cached_source(text_data.corpus_folder(cache_dir, source)) or source
+
+
 def calibrate(model: nn.Module, *, tokenizer=None, ids: torch.Tensor | None = None, tokens: int = DEFAULT_TOKENS,
-              seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, progress: bool = True
-              ) -> tuple[list[torch.Tensor], dict]:
+              seq_len: int = DEFAULT_SEQ_LEN, seed: int = 0, source: str = "auto", cache_dir=None,
+              progress: bool = True) -> tuple[list[torch.Tensor], dict]:
     """``(moments, details)``: second moments from ``ids`` if given, else text via ``tokenizer``, else random ids.
 
-    Rows are at most ``max_position_embeddings`` long. Random ids (no usable tokenizer) are capped at
-    ``8 x (hidden + 1)`` tokens, enough for a full-rank ``Σ``: they carry no text statistics that more
-    of them would sharpen. ``details`` records what was used (for ``gqa_conversion.json``).
+    Text is the training split of the corpus ``source`` (``text_data.SOURCES``) cached under
+    ``cache_dir``. Rows are at most ``max_position_embeddings`` long. Random ids (no usable tokenizer)
+    are capped at ``8 x (hidden + 1)`` tokens, enough for a full-rank ``Σ``: they carry no text
+    statistics that more of them would sharpen. ``details`` records what was used (for
+    ``gqa_conversion.json``): ``source`` is the corpus, ``caller`` or ``random``.
     """
     started = time.perf_counter()
     seq_len = min(seq_len, getattr(model.config, "max_position_embeddings", None) or seq_len)
     if ids is not None:
-        description = "token ids given by the caller"
+        description, used = "token ids given by the caller", "caller"
     elif usable_tokenizer(tokenizer):
-        ids, description = calibration_ids(tokenizer, tokens=tokens, seq_len=seq_len)
+        ids, description = calibration_ids(tokenizer, tokens=tokens, seq_len=seq_len, source=source,
+                                           cache_dir=cache_dir)
+        used = text_source_used(source, cache_dir)
     else:
         tokens = min(tokens, 8 * (model.config.hidden_size + 1))
         ids = random_ids(model.config.vocab_size, tokens=tokens, seq_len=seq_len, seed=seed)
-        description = f"uniform random token ids, seed {seed} (no usable tokenizer: not text statistics)"
+        description, used = f"uniform random token ids, seed {seed} (no usable tokenizer: not text statistics)", "random"
     moments = attention_input_moments(model, ids, progress=progress)
-    details = {"data": description, "tokens": int(ids.numel()), "sequences": int(ids.shape[0]),
+    details = {"source": used, "data": description, "tokens": int(ids.numel()), "sequences": int(ids.shape[0]),
                "seq_len": int(ids.shape[1]), "seconds": round(time.perf_counter() - started, 1)}
     return moments, details

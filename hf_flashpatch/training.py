@@ -15,6 +15,13 @@ is recomputed (the data order is a pure function of seed and epoch). A resume wi
 change what a step means (``--seq-len``, ``--batch-size``, ...) is refused. SIGINT/SIGTERM set a flag;
 the loop stops at the next step boundary, all processes agree on it, and it writes a checkpoint first.
 
+The objective is next-token cross-entropy or, with ``teacher``, distillation from the unconverted
+model's logits (:mod:`hf_flashpatch.distillation`); ``control`` trains the unconverted model with
+cross-entropy instead. A checkpoint names the objective and teacher (whose weights a resume reloads)
+and a resume with another is refused. Held-out perplexity is measured at step 0, every ``eval_every``
+steps, once each ``eval_at_tokens`` count is passed and at the end, each time rewriting
+``OUTPUT/eval_log.json``, so an interrupted run keeps its recovery curve.
+
 Arguments, the model folder and the data files are checked before anything loads: a problem raises
 :class:`TrainingInputError`, which the scripts print as one line (exit status 2).
 """
@@ -33,7 +40,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from . import checkpointing, text_data
+from . import checkpointing, distillation, text_data
 from .train_args import TrainArgs, TrainingInputError, add_train_arguments, check_args
 
 __all__ = ["TrainArgs", "TrainingInputError", "add_train_arguments", "check_args", "evaluate_perplexity",
@@ -106,17 +113,29 @@ class _State:
     tokens: int = 0
     elapsed_s: float = 0.0
     losses: list = field(default_factory=list)
-    evals: list = field(default_factory=list)  # [{"step", "perplexity"}]
+    evals: list = field(default_factory=list)  # [{"step", "tokens", "perplexity"}]
+    loss_parts: dict = field(default_factory=dict)  # distillation: {"kl": [...], "ce": [...]} per step
+    teacher_perplexity: float | None = None
     settings: dict = field(default_factory=dict)  # what a step means; a resume must not change it
 
 
 # Labels for the run settings a resume must keep: they fix which batches a saved step consumed.
 SETTING_LABELS = {"seq_len": "--seq-len", "batch_size": "--batch-size", "grad_accum": "--grad-accum",
                   "packing": "--packing", "seed": "--seed", "num_processes": "the number of processes"}
+# ... and the objective: the saved weights and optimizer state were trained towards it.
+OBJECTIVE_LABELS = {"teacher": "--teacher", "control": "--control", "ce_weight": "--ce-weight",
+                    "distill_temperature": "--distill-temperature"}
 
 
 def _run_settings(args: TrainArgs, num_processes: int) -> dict:
-    return {name: num_processes if name == "num_processes" else getattr(args, name) for name in SETTING_LABELS}
+    settings = {name: num_processes if name == "num_processes" else getattr(args, name) for name in SETTING_LABELS}
+    return settings | {name: getattr(args, name) for name in OBJECTIVE_LABELS} | {
+        "teacher": distillation.teacher_id(args.teacher)}
+
+
+def _changed(saved: dict, settings: dict, labels: dict) -> list[str]:
+    return [f"{label} was {saved[name]}, now {settings[name]}" for name, label in labels.items()
+            if name in saved and saved[name] != settings[name]]
 
 
 def _resume_point(args: TrainArgs, accelerator, output: Path, settings: dict) -> Path | None:
@@ -135,21 +154,27 @@ def _resume_point(args: TrainArgs, accelerator, output: Path, settings: dict) ->
             f"cannot resume from {checkpoint}: it has no valid {checkpointing.MANIFEST} manifest (written by an "
             "older hf_flashpatch, or altered); pass --no-resume to start over (the first save replaces it)")
     saved = checkpointing.read_state(checkpoint).get("settings", {})
-    changed = [f"{label} was {saved[name]}, now {settings[name]}" for name, label in SETTING_LABELS.items()
-               if name in saved and saved[name] != settings[name]]
+    changed = _changed(saved, settings, SETTING_LABELS)
     if changed:
         raise TrainingInputError(
             f"cannot resume from {checkpoint} with other settings ({'; '.join(changed)}): its step counts "
             "batches of the saved settings; rerun with those, or pass --no-resume to start over")
+    changed = _changed(saved, settings, OBJECTIVE_LABELS)
+    if changed:
+        raise TrainingInputError(
+            f"cannot resume from {checkpoint} with another objective ({'; '.join(changed)}): it was trained "
+            "towards the saved one; rerun with that, or pass --no-resume to start over")
     return checkpoint
 
 
 def _load_model(args: TrainArgs, attn_implementation: str):
     from .models import load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(None if args.model == "smollm2" else args.model,
+    # --control trains the unconverted model: the teacher when one is named, else --model unconverted.
+    source = args.teacher if args.control and args.teacher is not None else args.model
+    model, tokenizer = load_model_and_tokenizer(None if source == "smollm2" else source,
                                                 attn_implementation=attn_implementation)
-    if args.kv_heads is not None:
+    if args.kv_heads is not None and not args.control:
         from .convert import convert_to_gqa
 
         model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
@@ -278,11 +303,31 @@ def _steps_for(args: TrainArgs, tokens_per_step: int, steps_per_epoch: int) -> i
     return steps_per_epoch * args.epochs
 
 
+def _eval_due(args: TrainArgs, step: int, max_steps: int, tokens_before: int, tokens: int) -> bool:
+    """Whether to measure after the step that took the token count from ``tokens_before`` to ``tokens``."""
+    if not (args.eval_every or args.eval_at_tokens):
+        return False
+    if step == max_steps or (args.eval_every and step % args.eval_every == 0):
+        return True
+    return any(tokens_before < point <= tokens for point in args.eval_at_tokens or ())
+
+
+def _write_eval_log(output: Path, run: dict, state: _State) -> None:
+    """``OUTPUT/eval_log.json``: the run and every held-out measurement so far (renamed into place whole)."""
+    output.mkdir(parents=True, exist_ok=True)
+    log = {"run": run, "teacher_perplexity": state.teacher_perplexity, "evals": state.evals}
+    partial = output / "eval_log.json.partial"
+    partial.write_text(json.dumps(log, indent=1), encoding="utf-8")
+    partial.replace(output / "eval_log.json")
+
+
 def train(args: TrainArgs, *, on_step_end=None) -> dict:
     """Train per ``args``; returns the report (also written to ``OUTPUT/report.json``).
 
-    ``on_step_end(step, loss)`` is called on every process after each optimizer step. Raises
-    :class:`TrainingInputError` when the arguments, model, data or checkpoint cannot serve the run.
+    ``on_step_end(step, loss)`` is called on every process after each optimizer step; when it returns
+    true (on any process), the run ends after that step as if its budget were spent (final eval and
+    save; ``report["stopped_early"]``). Raises :class:`TrainingInputError` when the arguments, model,
+    data, teacher or checkpoint cannot serve the run.
     """
     check_args(args)
     from accelerate import Accelerator
@@ -291,7 +336,7 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
 
     # Without a GPU, processes started by `accelerate launch --multi_gpu` (torchrun) must ask for CPU
     # explicitly, or each one silently trains alone (world size 1) instead of joining a gloo group.
-    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum,
+    accelerator = Accelerator(gradient_accumulation_steps=args.grad_accum, mixed_precision=args.mixed_precision,
                               cpu=args.cpu or not torch.cuda.is_available())
     set_seed(args.seed)
     output = Path(args.output_dir)
@@ -299,6 +344,10 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     resume_from = _resume_point(args, accelerator, output, settings)
     attn = resolve_attn_implementation(args.attn_implementation)
     model, tokenizer = _load_model(args, attn)
+    try:
+        objective = distillation.from_args(args, model, tokenizer, attn, accelerator)
+    except ValueError as error:  # a teacher whose vocabulary does not match the student's
+        raise TrainingInputError(f"--teacher: {error}") from None
     train_rows, eval_rows = _datasets(args, tokenizer, accelerator)
     train_loader, order = _train_loader(args, train_rows)
     eval_loader = DataLoader(eval_rows, batch_size=args.eval_batch_size, collate_fn=_stack_rows)
@@ -331,10 +380,26 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
 
     report = {"attn_implementation": attn, "max_steps": max_steps, "tokens_per_step": tokens_per_step,
               "num_processes": world, "distributed_type": str(accelerator.distributed_type.value),
-              "mixed_precision": accelerator.mixed_precision, "device": str(accelerator.device)}
-    if state.step == 0 and args.eval_every:
-        state.evals.append({"step": 0, "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
-        accelerator.print(f"step 0: eval perplexity {state.evals[-1]['perplexity']:.3f}")
+              "mixed_precision": accelerator.mixed_precision, "device": str(accelerator.device),
+              "objective": distillation.objective_name(args), "teacher": args.teacher, "control": args.control}
+    run_info = {"model": args.model, "kv_heads": None if args.control else args.kv_heads,
+                "convert_method": args.convert_method if args.kv_heads and not args.control else None,
+                "eval_tokens": len(eval_rows) * (len(eval_rows[0]["input_ids"]) - 1)} | {
+        name: report[name] for name in ("objective", "teacher", "control", "tokens_per_step", "max_steps")}
+
+    def measure(step: int) -> None:
+        state.evals.append({"step": step, "tokens": state.tokens,
+                            "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
+        accelerator.print(f"step {step} ({state.tokens:,} tokens): eval perplexity {state.evals[-1]['perplexity']:.3f}")
+        if accelerator.is_main_process:
+            _write_eval_log(output, run_info, state)
+
+    if state.step == 0 and objective is not None and state.teacher_perplexity is None:
+        with accelerator.autocast():  # as the student's prepared forward runs
+            state.teacher_perplexity = evaluate_perplexity(objective.teacher, eval_loader, accelerator)
+        accelerator.print(f"teacher: eval perplexity {state.teacher_perplexity:.3f}")
+    if state.step == 0 and (args.eval_every or args.eval_at_tokens):
+        measure(0)
 
     from tqdm.auto import tqdm
 
@@ -343,7 +408,7 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     device = accelerator.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    interrupted, run_start = False, time.perf_counter()
+    interrupted, stopped_early, run_start = False, False, time.perf_counter()
     with _StopFlag() as stop:
         while state.step < max_steps and not interrupted:
             epoch, offset = divmod(state.step, steps_per_epoch)
@@ -353,10 +418,13 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
             # skipping loader would say 0): set both it and our sampler to the epoch we are in.
             loader.set_epoch(epoch)
             order.set_epoch(epoch)
-            micro, step_loss, step_tokens = 0, 0.0, 0
+            micro, step_loss, step_parts, step_tokens = 0, 0.0, {}, 0
             for batch in loader:
                 with accelerator.accumulate(model):
-                    loss = model(**batch).loss
+                    if objective is None:
+                        loss, parts = model(**batch).loss, {}
+                    else:
+                        loss, parts = objective(model, batch)
                     accelerator.backward(loss)
                     if accelerator.sync_gradients and args.max_grad_norm:
                         accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
@@ -365,25 +433,32 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                     optimizer.zero_grad(set_to_none=True)
                 micro += 1
                 step_loss += loss.detach().float() / args.grad_accum
+                for name, value in parts.items():
+                    step_parts[name] = step_parts.get(name, 0.0) + value.float() / args.grad_accum
                 step_tokens += batch["input_ids"].numel()
                 if micro % args.grad_accum:
                     continue
                 tokens = accelerator.reduce(torch.tensor(step_tokens, device=device), reduction="sum").item()
                 mean_loss = accelerator.reduce(step_loss, reduction="mean").item()
+                for name, value in step_parts.items():
+                    state.loss_parts.setdefault(name, []).append(
+                        round(accelerator.reduce(value, reduction="mean").item(), 6))
+                tokens_before = state.tokens
                 state.step += 1
                 state.tokens += tokens
                 state.losses.append(round(mean_loss, 6))
-                step_loss, step_tokens = 0.0, 0
+                step_loss, step_parts, step_tokens = 0.0, {}, 0
                 progress.update(1)
                 progress.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-                if on_step_end is not None:
-                    on_step_end(state.step, mean_loss)
-                if args.eval_every and (state.step % args.eval_every == 0 or state.step == max_steps):
-                    state.evals.append({"step": state.step,
-                                        "perplexity": evaluate_perplexity(model, eval_loader, accelerator)})
-                    accelerator.print(f"step {state.step}: eval perplexity {state.evals[-1]['perplexity']:.3f}")
-                flag = accelerator.reduce(torch.tensor(float(stop.requested), device=device), reduction="sum")
-                interrupted = flag.item() > 0
+                end_here = bool(on_step_end(state.step, mean_loss)) if on_step_end is not None else False
+                # Every process must agree on stopping (a signal, or on_step_end on one of them).
+                flags = accelerator.reduce(torch.tensor([float(stop.requested), float(end_here)], device=device),
+                                           reduction="sum")
+                interrupted = flags[0].item() > 0
+                if flags[1].item() > 0 and state.step < max_steps:
+                    max_steps, stopped_early = state.step, True
+                if _eval_due(args, state.step, max_steps, tokens_before, state.tokens):
+                    measure(state.step)
                 periodic = args.save_every and (state.step % args.save_every == 0 or state.step == max_steps)
                 if interrupted or periodic:
                     state.elapsed_s += time.perf_counter() - run_start
@@ -398,6 +473,7 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     run_seconds = max(state.elapsed_s, 1e-9)
     report |= {
         "interrupted": interrupted,
+        "stopped_early": stopped_early,
         "steps": state.step,
         "tokens": state.tokens,
         "train_seconds": round(state.elapsed_s, 2),
@@ -406,6 +482,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
         "first_loss": state.losses[0] if state.losses else None,
         "last_loss": state.losses[-1] if state.losses else None,
         "losses": state.losses,
+        "loss_parts": state.loss_parts,
+        "teacher_perplexity": state.teacher_perplexity,
         "evals": state.evals,
     }
     if interrupted:

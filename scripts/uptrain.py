@@ -8,12 +8,20 @@
     accelerate launch --config_file configs/accelerate_ddp.yaml --num_processes 8 scripts/uptrain.py ...
     # the budget as a fraction of pre-training
     ... --token-fraction 0.05 --pretrain-tokens 2e12
+    # distil from the unconverted model (KL to its logits, computed on the fly), perplexity at chosen token counts
+    python scripts/uptrain.py --model ./smollm2-mqa --teacher smollm2 --output-dir runs/mqa-kd \
+        --data mix --token-budget 5e6 --eval-at-tokens 0,1e6,2e6,5e6 [--ce-weight 0.5]
+    # the control: the unconverted model, cross-entropy, same data and schedule (the same command + --control)
+    python scripts/uptrain.py --model ./smollm2-mqa --teacher smollm2 --output-dir runs/control --control ...
 
 Rerunning the same command after an interrupt (Ctrl-C, SIGTERM, a crash or kill, even mid-save) resumes
 from the last complete checkpoint in OUTPUT with nothing lost; ``--no-resume`` starts over. A resume
-with another ``--seq-len``, ``--batch-size``, ``--grad-accum`` or ``--seed`` is refused. The attention
-backend defaults to the plugin's (``hf_flashpatch.ATTN_NAME``: CUDA kernels on GPU, torch fallback on
-CPU).
+with another ``--seq-len``, ``--batch-size``, ``--grad-accum`` or ``--seed`` is refused, and so is one with
+another ``--teacher`` (the teacher is not saved in the checkpoint, only named, and reloaded), ``--control``,
+``--ce-weight`` or ``--distill-temperature``. The attention backend defaults to the plugin's
+(``hf_flashpatch.ATTN_NAME``: CUDA kernels on GPU, torch fallback on CPU). Held-out perplexity
+measurements go to ``OUTPUT/eval_log.json`` as they are made (the recovery curve), the whole report to
+``OUTPUT/report.json``.
 """
 
 from __future__ import annotations
@@ -24,12 +32,13 @@ import sys
 
 from accelerate import PartialState
 
+from hf_flashpatch.cli import ArgumentParser
 from hf_flashpatch.training import TrainArgs, TrainingInputError, add_train_arguments, train
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # A bad flag is one line on stderr and exit status 2 (no usage block burying it).
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_train_arguments(parser, packing="fixed", seq_len=512, eval_every=50, save_every=100)
     args = TrainArgs(**vars(parser.parse_args(argv)))
     try:
@@ -38,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     if not PartialState().is_main_process:
         return 0
-    summary = {k: v for k, v in report.items() if k != "losses"}
+    summary = {k: v for k, v in report.items() if k not in ("losses", "loss_parts")}
     print(json.dumps(summary, indent=1))
     return 0
 

