@@ -356,9 +356,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(
 #pragma unroll
       for (int j = 0; j < kHDqCols / 8; ++j) {
         const int col = j * 8 + 2 * t4;
-        if (m0 + q_row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[4 * j], dq[4 * j + 1]));
+        if (m0 + q_row < sq.y) atomic_add_f32x2(dst + col, dq[4 * j], dq[4 * j + 1]);
         if (m0 + q_row + 8 < sq.y)
-          atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[4 * j + 2], dq[4 * j + 3]));
+          atomic_add_f32x2(dst + 8 * kD + col, dq[4 * j + 2], dq[4 * j + 3]);
       }
     }
   }

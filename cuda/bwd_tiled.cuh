@@ -228,9 +228,9 @@ __device__ __forceinline__ void dkdv_tiled_body(
 #pragma unroll
         for (int j = 0; j < kQNt; ++j) {
           const int col = j * 8 + 2 * t4;
-          if (row < sq.y) atomicAdd(reinterpret_cast<float2*>(dst + col), make_float2(dq[mt][j][0], dq[mt][j][1]));
+          if (row < sq.y) atomic_add_f32x2(dst + col, dq[mt][j][0], dq[mt][j][1]);
           if (row + 8 < sq.y)
-            atomicAdd(reinterpret_cast<float2*>(dst + 8 * kD + col), make_float2(dq[mt][j][2], dq[mt][j][3]));
+            atomic_add_f32x2(dst + 8 * kD + col, dq[mt][j][2], dq[mt][j][3]);
         }
       }
     }

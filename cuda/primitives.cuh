@@ -100,6 +100,18 @@ __device__ __forceinline__ void mma_16816<false>(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// ---------------------------------------------------------------- atomics
+// Two adjacent fp32 values added atomically (a dQ accumulator pair). sm_90 has the vector atomic;
+// earlier GPUs add the two floats one by one, which gives the same sums.
+__device__ __forceinline__ void atomic_add_f32x2(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 // ---------------------------------------------------------------- warp reductions
 // Reduce across the 4 lanes of an mma "quad" (lanes sharing a row of the C fragment).
 __device__ __forceinline__ float quad_max(float x) {

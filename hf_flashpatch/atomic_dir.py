@@ -98,10 +98,11 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(folder))
+        fsync_dir(Path(folder))
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in ``folder`` durable (the entry lives in the directory, not the file)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -181,6 +182,6 @@ def atomic_dir(dst, *, overwrite: bool = False):
         if not overwrite:  # the check again: something may have been written there meanwhile
             check_destination(dst)
         _promote(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful promote

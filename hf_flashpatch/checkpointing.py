@@ -26,6 +26,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .atomic_dir import fsync_dir
+
 CHECKPOINT = "checkpoint"
 MANIFEST = "COMPLETE"
 STATE_FILE = "trainer_state.json"
@@ -36,15 +38,6 @@ __all__ = ["CHECKPOINT", "MANIFEST", "STATE_FILE", "is_complete", "read_state", 
 def _paths(output: Path) -> tuple[Path, Path, Path]:
     """``(checkpoint, checkpoint.tmp, checkpoint.old)`` under ``output``."""
     return output / CHECKPOINT, output / (CHECKPOINT + ".tmp"), output / (CHECKPOINT + ".old")
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename or a new entry in ``folder`` durable (the entry lives in the directory, not the file)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _files(folder: Path) -> list[Path]:
@@ -59,14 +52,14 @@ def seal(folder: Path) -> None:
             os.fsync(stream.fileno())
         sizes[path.relative_to(folder).as_posix()] = path.stat().st_size
     for sub in (path for path in folder.rglob("*") if path.is_dir()):  # FSDP shards live in subfolders
-        _fsync_dir(sub)
+        fsync_dir(sub)
     partial = folder / (MANIFEST + ".partial")
     with open(partial, "w", encoding="utf-8") as stream:
         json.dump({"files": sizes}, stream, indent=1)
         stream.flush()
         os.fsync(stream.fileno())
     os.replace(partial, folder / MANIFEST)  # a manifest is whole or absent
-    _fsync_dir(folder)
+    fsync_dir(folder)
 
 
 def is_complete(folder: Path) -> bool:
@@ -83,7 +76,7 @@ def _remove(folder: Path) -> None:
     if not folder.exists():
         return
     (folder / MANIFEST).unlink(missing_ok=True)
-    _fsync_dir(folder)
+    fsync_dir(folder)
     shutil.rmtree(folder)
 
 
@@ -95,9 +88,9 @@ def _promote(output: Path) -> None:
         # complete: nothing is lost by deleting it.
         _remove(old)
         os.replace(final, old)
-        _fsync_dir(output)
+        fsync_dir(output)
     os.replace(tmp, final)
-    _fsync_dir(output)
+    fsync_dir(output)
     _remove(old)
 
 
@@ -120,7 +113,7 @@ def recover(output) -> Path | None:
         _remove(tmp)
         _remove(final)
         os.replace(old, final)
-        _fsync_dir(output)
+        fsync_dir(output)
     else:
         _remove(tmp)
         _remove(old)

@@ -5,8 +5,9 @@
     git archive kernel-variants-before-contract | tar -x -C /tmp/old              # another checkout's:
     python scripts/check_shipped_cubins.py --root /tmp/old --write old.json
 
-``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 (every entry byte-identical to
-the tag ``kernel-variants-before-contract``); a change that must not alter the kernels compares against
+``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 (every sm_90a entry
+byte-identical to the tag ``kernel-variants-before-contract``; the sm_80 backward entries, which did not
+build before ``atomic_add_f32x2``, are new); a change that must not alter the kernels compares against
 it, a change that alters them on purpose (verified on a GPU) rewrites it.
 
 A kernel-layer refactor that must not change what runs (deleting unshipped variants, moving the tile

@@ -1,10 +1,10 @@
-"""CPU checks of the backward kernel: every shipped build compiles for sm_90a without register spills (needs
-nvcc), tile configs fit, the torch fallback matches the oracle, and the autograd gets registered.
+"""CPU checks of the backward kernel: every shipped build compiles for sm_90a and for sm_80 (the mma.sync
+bodies every other GPU takes) without register spills (needs nvcc), tile configs fit, the torch fallback
+matches the oracle, and the autograd gets registered.
 
 Builds come from :func:`hf_flashpatch.kernels.backward.all_builds` (head dims 32/64/96/128/256 x
-bf16/fp16 x softcap x deterministic), plus the tiled body that other GPUs take at d64/d128, compiled for
-sm_90a here (its float2 dQ atomics need sm_90: see notes/backward.md); each holds the preprocess, dK/dV
-(atomic-dQ and deterministic), dQ and convert kernels. ptxas' report must show every entry point with 0
+bf16/fp16 x softcap x deterministic) for each arch; each holds the preprocess, dK/dV (atomic-dQ and
+deterministic), dQ and convert kernels. ptxas' report must show every entry point with 0
 bytes of spill stores and loads, and the SASS must hold m16n8k16 HMMA and no local-memory traffic (when
 cuobjdump is at hand).
 """
@@ -32,10 +32,10 @@ needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 @pytest.mark.kernel_build
 @needs_nvcc
 def test_all_backward_builds_compile_without_spills():
-    builds = all_builds() + _tiled_builds()
-    # 20 default-body builds (5 head dims x 2 dtypes x softcap: the deterministic path at d64/d128) + the
-    # wgmma body's 8 (d64/d128 x dtypes x softcap) + the tiled body's 8
-    assert len(builds) == len(set(builds)) == 36
+    builds = all_builds() + all_builds("sm_80")
+    # per arch 20 default-body builds (5 head dims x 2 dtypes x softcap: the deterministic path at d64/d128)
+    # + 8 at d64/d128 x dtypes x softcap: the wgmma body on sm_90a, the tiled body on sm_80
+    assert len(builds) == len(set(builds)) == 56
     assert sum(("BWD_TILED", "1") in b.defines for b in builds) == 8
     assert sum(("BWD_WGMMA", "1") in b.defines for b in builds) == 8
     assert sum(("BWD_WGMMA_BLOCK_M", "128") in b.defines for b in builds) == 4
@@ -49,16 +49,6 @@ def test_all_backward_builds_compile_without_spills():
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
         # C7515: ptxas serialised the wgmma pipeline (an accumulator touched inside an async window)
         assert "C7515" not in report, f"{build}: wgmma serialised:\n{report}"
-
-
-def _tiled_builds():
-    """The tiled body's configs of other GPUs (sm_80 here), built for sm_90a."""
-    import torch
-
-    configs = [BackwardConfig.choose(d, dtype, softcap, "sm_80") for d in (64, 128)
-               for dtype in (torch.bfloat16, torch.float16) for softcap in (False, True)]  # fmt: skip
-    assert all(c.body == "tiled" for c in configs)
-    return [dataclasses.replace(c, arch="sm_90a").build() for c in configs]
 
 
 def _find_cuobjdump() -> str | None:
@@ -79,7 +69,7 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
     cuobjdump = _find_cuobjdump()
     if cuobjdump is None:
         pytest.skip("cuobjdump not found")
-    for build in [b for b in all_builds() + _tiled_builds() if ("HEAD_DIM", "128") in b.defines]:  # bodies x dtypes x softcap
+    for build in [b for b in all_builds() + all_builds("sm_80") if ("HEAD_DIM", "128") in b.defines]:  # bodies x dtypes x softcap
         path = tmp_path / "bwd.cubin"
         path.write_bytes(compile_cubin(build)[0])
         sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
