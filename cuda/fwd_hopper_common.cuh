@@ -2,6 +2,7 @@
 // fwd_hopper_ws.cu: a producer warpgroup loads, the others compute). Compile-time configuration and
 // layouts as described in fwd_hopper.cu: q (B, S_q, H, D), k/v (B, S_k, H_kv, D), SW128 shared tiles.
 #pragma once
+#include "fwd_geometry.cuh"
 #include "fwd_softmax.cuh"
 #include "fwd_tile_io.cuh"
 #include "hopper.cuh"

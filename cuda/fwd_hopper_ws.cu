@@ -39,14 +39,7 @@ static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring sta
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(
-    const Elem* __restrict__ q, const Elem* __restrict__ k, const Elem* __restrict__ v, Elem* __restrict__ out,
-    float* __restrict__ lse, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
-    int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,
-    int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,
-    int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,
-    int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left,
-    int window_right, float scale_log2, float softcap_pre_scale, int total_q, int total_k) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(HFP_FWD_PARAMS) {
   using namespace hfp;
   using namespace hfp::fwd;
   using namespace hfp::sm90;
@@ -65,28 +58,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
 
   // ---- sequence bounds and visible key tiles (as in fwd_hopper.cu), computed by every warp
-  int64_t q_token0 = 0, k_token0 = 0;
-  if (cu_seqlens_q != nullptr) {  // clamped into the total_q / total_k rows passed (packed_span)
-    const int2 span_q = packed_span(cu_seqlens_q, batch, total_q);
-    const int2 span_k = packed_span(cu_seqlens_k, batch, total_k);
-    q_token0 = span_q.x;
-    k_token0 = span_k.x;
-    seqlen_q = span_q.y;
-    seqlen_k = span_k.y;
-  }
+  const SequenceSpan span = sequence_span(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k, total_q, total_k);
+  const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
+  seqlen_q = span.seqlen_q;
+  seqlen_k = span.seqlen_k;
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * kBlockM;
   if (p0 >= packed_rows) return;  // the whole CTA, before any barrier
   const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
-  const int pos_first = p0 / group;
-  const int pos_last = (min(p0 + kBlockM, packed_rows) - 1) / group;
-  const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
-  const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
-  const int mask_lo = kWindowed ? pos_last + shifts.lo : 0;
-  const int mask_hi = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).hi;
-  const int n_block_min = key_lo / BLOCK_N;
-  const int n_block_max = key_hi > key_lo ? (key_hi + BLOCK_N - 1) / BLOCK_N : n_block_min;
-  const int num_tiles = n_block_max - n_block_min;
+  const KeyTiles tiles = visible_key_tiles<kWindowed, kBlockM, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
+  const int mask_lo = tiles.mask_lo, mask_hi = tiles.mask_hi;
+  const int n_block_max = tiles.n_block_max, num_tiles = tiles.num_tiles;
 
   if (tid == 0) {
 #pragma unroll

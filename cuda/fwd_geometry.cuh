@@ -1,0 +1,68 @@
+// hf_flashpatch forward: what every forward body (fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu) computes the
+// same way before its main loop: the kernel parameter list, the rows of the sequence a CTA works on,
+// and the key tiles one query tile can see. Layout: q (B, S_q, H, D), k/v (B, S_k, H_kv, D); varlen
+// packs sequences along the token dim (batch strides unused) with cu_seqlens (num_seqs + 1,).
+#pragma once
+#include "fwd_softmax.cuh"
+#include "primitives.cuh"
+
+// The forward kernels' parameters, in the order of hf_flashpatch/kernels/forward.py's _ARG_TYPES.
+#define HFP_FWD_PARAMS                                                                                            \
+  const Elem *__restrict__ q, const Elem *__restrict__ k, const Elem *__restrict__ v, Elem *__restrict__ out,   \
+      float *__restrict__ lse, const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k,        \
+      int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,              \
+      int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,                \
+      int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,               \
+      int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left, \
+      int window_right, float scale_log2, float softcap_pre_scale, int total_q, int total_k
+
+namespace hfp {
+namespace fwd {
+
+// The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
+// from cu_seqlens, clamped into the total_q / total_k rows passed (packed_span); batched: the
+// batch's own rows (offset 0, the lengths passed).
+struct SequenceSpan {
+  int64_t q_token0, k_token0;
+  int seqlen_q, seqlen_k;
+};
+
+__device__ __forceinline__ SequenceSpan sequence_span(const int* cu_seqlens_q, const int* cu_seqlens_k, int batch,
+                                                      int seqlen_q, int seqlen_k, int total_q, int total_k) {
+  SequenceSpan span{0, 0, seqlen_q, seqlen_k};
+  if (cu_seqlens_q != nullptr) {
+    const int2 span_q = packed_span(cu_seqlens_q, batch, total_q);
+    const int2 span_k = packed_span(cu_seqlens_k, batch, total_k);
+    span.q_token0 = span_q.x;
+    span.k_token0 = span_k.x;
+    span.seqlen_q = span_q.y;
+    span.seqlen_k = span_k.y;
+  }
+  return span;
+}
+
+// The key tiles (kBlockN keys each) that the query tile of packed rows [p0, p0 + kBlockM) sees: the union
+// of its rows' visible ranges, walked from tile n_block_max - 1 down to n_block_min. Tiles wholly inside
+// [mask_lo, mask_hi), the keys every row of the tile sees, need no mask.
+struct KeyTiles {
+  int mask_lo;  // the largest row lo
+  int mask_hi;  // the smallest row hi
+  int n_block_min, n_block_max, num_tiles;
+};
+
+template <bool kWindowed, int kBlockM, int kBlockN>
+__device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, int group, WindowShifts shifts,
+                                                      int seqlen_k) {
+  const int pos_first = p0 / group;
+  const int pos_last = (min(p0 + kBlockM, packed_rows) - 1) / group;
+  const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
+  const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
+  const int mask_lo = kWindowed ? pos_last + shifts.lo : 0;
+  const int mask_hi = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).hi;
+  const int n_block_min = key_lo / kBlockN;
+  const int n_block_max = key_hi > key_lo ? (key_hi + kBlockN - 1) / kBlockN : n_block_min;
+  return {mask_lo, mask_hi, n_block_min, n_block_max, n_block_max - n_block_min};
+}
+
+}  // namespace fwd
+}  // namespace hfp
