@@ -120,6 +120,20 @@ struct Visibility {
   }
 };
 
+// The steps of a dK/dV block over key block [n0, n_end): query blocks of kStepM rows from m_first on, the
+// m_count that see at least one of its keys, each once per query head of the GQA group.
+struct QuerySteps {
+  int m_first, m_count, steps;
+};
+
+template <int kStepM>
+__device__ __forceinline__ QuerySteps query_steps(const Visibility& vis, int n0, int n_end, int group) {
+  const int2 mr = vis.query_range(n0, n_end);
+  const int m_first = max(mr.x, 0) / kStepM;
+  const int m_count = mr.y > mr.x ? (mr.y - m_first * kStepM + kStepM - 1) / kStepM : 0;
+  return {m_first, m_count, m_count * group};
+}
+
 __device__ __forceinline__ void cp_async_4(uint32_t smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem), "l"(gmem));
 }

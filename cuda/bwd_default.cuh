@@ -45,10 +45,8 @@ __device__ __forceinline__ void dkdv_body(
   load_tile<kBlockN, kThreads>(v_s, v_tile, v_ss, sk.y - n0, tid);
   cp_async_commit();
 
-  int2 mr = vis.query_range(n0, min(n0 + kBlockN, sk.y));
-  const int m_first = max(mr.x, 0) / kBlockM;
-  const int m_count = mr.y > mr.x ? (mr.y - m_first * kBlockM + kBlockM - 1) / kBlockM : 0;
-  const int steps = m_count * group;
+  const QuerySteps qs_range = query_steps<kBlockM>(vis, n0, min(n0 + kBlockN, sk.y), group);
+  const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
   auto load_q_side = [&](int step, int stage) {
     const int h = hk * group + step / m_count;

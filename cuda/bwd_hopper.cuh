@@ -172,10 +172,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(
   h_load_tile<kHBlockN>(v_t, v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh, v_ss, sk.y - n0, tid);
   cp_async_commit();
 
-  const int2 mr = vis.query_range(n0, min(n0 + kHBlockN, sk.y));
-  const int m_first = max(mr.x, 0) / kHBlockM;
-  const int m_count = mr.y > mr.x ? (mr.y - m_first * kHBlockM + kHBlockM - 1) / kHBlockM : 0;
-  const int steps = m_count * group;
+  const QuerySteps qs_range = query_steps<kHBlockM>(vis, n0, min(n0 + kHBlockN, sk.y), group);
+  const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
   auto load_q_side = [&](int step, int stage) {
     const int h = hk * group + step / m_count;
@@ -234,6 +232,16 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
     // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per
     // sub-tile; queries j * 8.. lie in sub-tile j / 8).
+    // After a wgmma_wait: the accumulators and this step's register A fragments are settled values again.
+    auto fence_step_operands = [&]() {
+      fence_operands(dv_acc);
+      fence_operands(dk_acc);
+#pragma unroll
+      for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+        fence_operands(p_frag[kk]);
+        fence_operands(ds_frag[kk]);
+      }
+    };
     auto store_ds = [&](int j) {
       unsigned char* sub = smem_raw + (ds_cur - raw) + (j / 8) * kHDsSubBytes + 4 * t4;
       *reinterpret_cast<uint32_t*>(sub + sw128_offset(key_w, j % 8)) = Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
@@ -313,13 +321,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
     mbarrier_arrive(full_bars + 8 * ((step + 1) % kHQStages));
     if constexpr (kHRetireBeforeDq) {
       wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
-      fence_operands(dv_acc);
-      fence_operands(dk_acc);
-#pragma unroll
-      for (int kk = 0; kk < kHBlockM / 16; ++kk) {
-        fence_operands(p_frag[kk]);
-        fence_operands(ds_frag[kk]);
-      }
+      fence_step_operands();
     }
 
     // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
@@ -340,13 +342,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(
       wgmma_commit();
     }
     wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
-    fence_operands(dv_acc);
-    fence_operands(dk_acc);
-#pragma unroll
-    for (int kk = 0; kk < kHBlockM / 16; ++kk) {
-      fence_operands(p_frag[kk]);
-      fence_operands(ds_frag[kk]);
-    }
+    fence_step_operands();
     {
       fence_operands(dq);
       const int col0 = kHDqSplit ? wg * 64 : 0;

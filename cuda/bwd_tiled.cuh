@@ -129,10 +129,8 @@ __device__ __forceinline__ void dkdv_tiled_body(
   load_tile<kTBlockN, kThreads>(v_s, v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh, v_ss, sk.y - n0, tid);
   cp_async_commit();
 
-  const int2 mr = vis.query_range(n0, min(n0 + kTBlockN, sk.y));
-  const int m_first = max(mr.x, 0) / kTBlockM;
-  const int m_count = mr.y > mr.x ? (mr.y - m_first * kTBlockM + kTBlockM - 1) / kTBlockM : 0;
-  const int steps = m_count * group;
+  const QuerySteps qs_range = query_steps<kTBlockM>(vis, n0, min(n0 + kTBlockN, sk.y), group);
+  const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
   auto load_q_side = [&](int step, int stage) {
     const int h = hk * group + step / m_count;

@@ -30,13 +30,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   using namespace hfp;
   using namespace hfp::fwd;
   using namespace hfp::sm90;
-  // The swizzle atoms need 1024-byte alignment; the launch adds 1 KB of slack for rounding up.
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem_raw_address = smem_addr(smem_raw);
-  const uint32_t smem_base = (smem_raw_address + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
-  const uint32_t q_tile = smem_base;                      // SW128 (BLOCK_M, HEAD_DIM)
-  const uint32_t k_ring = q_tile + kQBytes;               // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
-  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;  // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
+  const SharedTiles smem = shared_tiles(smem_raw);
+  const uint32_t q_tile = smem.q_tile, k_ring = smem.k_ring, v_ring = smem.v_ring;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -162,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   softmax.finalize(inv_sum, row_lse, scale_log2);
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done reading Q / K / V shared memory
-  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem_raw_address));
+  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = warp_row0 + h * 8 + g;

@@ -44,6 +44,22 @@ __device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uin
   else hfp::sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, desc_b, 1);
 }
 
+// The shared-memory tiles of both Hopper bodies, from the 1024-byte aligned base (the swizzle atoms need
+// it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring and the
+// V ring, KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles each; `end` is where a body's own data may follow.
+struct SharedTiles {
+  uint32_t raw;  // the shared address of smem_raw itself (generic pointers = smem_raw + (address - raw))
+  uint32_t q_tile, k_ring, v_ring, end;
+};
+
+__device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_raw) {
+  const uint32_t raw = hfp::smem_addr(smem_raw);
+  const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);
+  const uint32_t k_ring = base + kQBytes;
+  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;
+  return {raw, base, k_ring, v_ring, v_ring + KV_STAGES * kKVBytes};
+}
+
 // Copy keys [key0, key0 + BLOCK_N) of a (seq, head dim) K or V matrix into a SW128 tile (see
 // hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to probability 0).
 // A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a multiple of 8,

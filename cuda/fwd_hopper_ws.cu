@@ -44,12 +44,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   using namespace hfp::fwd;
   using namespace hfp::sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const uint32_t smem_raw_address = smem_addr(smem_raw);
-  const uint32_t smem_base = (smem_raw_address + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
-  const uint32_t q_tile = smem_base;                      // SW128 (BLOCK_M, HEAD_DIM)
-  const uint32_t k_ring = q_tile + kQBytes;               // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
-  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;  // (KV_STAGES, SW128 (BLOCK_N, HEAD_DIM))
-  const uint32_t full_bars = v_ring + KV_STAGES * kKVBytes;  // (KV_STAGES,) mbarriers, 8 bytes each
+  const SharedTiles smem = shared_tiles(smem_raw);
+  const uint32_t q_tile = smem.q_tile, k_ring = smem.k_ring, v_ring = smem.v_ring;
+  const uint32_t full_bars = smem.end;                   // (KV_STAGES,) mbarriers, 8 bytes each
   const uint32_t empty_bars = full_bars + KV_STAGES * 8;      // (KV_STAGES,)
 
   const int tid = threadIdx.x;
@@ -171,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   float inv_sum[1][2], row_lse[1][2];
   softmax.finalize(inv_sum, row_lse, scale_log2);
   named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
-  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem_raw_address));
+  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = warp_row0 + h * 8 + g;
