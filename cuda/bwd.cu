@@ -79,18 +79,6 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
 #include "bwd_hopper.cuh"
 #endif
 
-#define HFP_DKDV_PARAMS                                                                                      \
-  const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,      \
-      const float *__restrict__ lse2_ws, const float *__restrict__ dvec_ws, float *__restrict__ dq_accum,    \
-      T *__restrict__ dk, T *__restrict__ dv, const int *__restrict__ cu_q, const int *__restrict__ cu_k,    \
-      int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb,      \
-      int64_t v_ss, int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k,   \
-      int heads, int kv_heads, int rows_pad, float softmax_scale, float scale_log2, float softcap_in,        \
-      float softcap_out, int left, int right, int total_q, int total_k, int heavy_first
-#define HFP_DKDV_ARGS                                                                                       \
-  q, k, v, dout, lse2_ws, dvec_ws, dq_accum, dk, dv, cu_q, cu_k, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb,   \
-      v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
-      scale_log2, softcap_in, softcap_out, left, right, total_q, total_k, heavy_first
 
 // grid: dkdv_grid in hf_flashpatch/kernels/backward.py (key blocks x kv heads x batch, in the order heavy_first
 // names; see dkdv_block), kThreads threads.

@@ -133,14 +133,7 @@ __device__ __forceinline__ void h_pack(uint32_t (&a)[kHBlockM / 16][4], const fl
   }
 }
 
-__device__ __forceinline__ void dkdv_wgmma_body(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-    const float* __restrict__ lse2_ws, const float* __restrict__ dvec_ws, float* __restrict__ dq_accum,
-    T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
-    int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss,
-    int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads,
-    int rows_pad, float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right,
-    int total_q, int total_k, int heavy_first) {
+__device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   using namespace sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);

@@ -94,14 +94,7 @@ __device__ __forceinline__ void zero_tile(float (&acc)[MT][NT][4]) {
   for (int mt = 0; mt < MT; ++mt) zero(acc[mt]);
 }
 
-__device__ __forceinline__ void dkdv_tiled_body(
-    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-    const float* __restrict__ lse2_ws, const float* __restrict__ dvec_ws, float* __restrict__ dq_accum,
-    T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
-    int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss,
-    int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads,
-    int rows_pad, float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right,
-    int total_q, int total_k, int heavy_first) {
+__device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);             // (kTBlockN, kPadD)
   T* v_s = k_s + kTBlockN * kPadD;                       // (kTBlockN, kPadD)
