@@ -108,12 +108,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   }
 
   float acc_o[kMT][kOT][4];  // (MT, O n-tiles, C fragment) unnormalised output rows
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-    for (int ot = 0; ot < kOT; ++ot)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_o[mt][ot][e] = 0.f;
+  zero_fragments(acc_o);
   OnlineSoftmax<kMT> softmax;
   softmax.init();
 

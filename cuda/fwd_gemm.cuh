@@ -46,12 +46,7 @@ __device__ __forceinline__ void gemm_qk_smem(float (&scores)[MT][NT][4], const T
                                              int warp_row0, int lane) {
   constexpr int kKSteps = kHeadDim / 16;
   static_assert(kKSteps % 2 == 0, "head dim must be a multiple of 32 for the paired k-steps");
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) scores[mt][nt][e] = 0.f;
+  zero_fragments(scores);
   if constexpr (!kPrefetch) {
 #pragma unroll 1
     for (int ks = 0; ks < kKSteps; ++ks) {
@@ -76,12 +71,7 @@ __device__ __forceinline__ void gemm_qk_smem(float (&scores)[MT][NT][4], const T
 template <bool kBf16, int kHeadDim, int MT, int NT, typename T>
 __device__ __forceinline__ void gemm_qk_regs(float (&scores)[MT][NT][4], const uint32_t (&q_frag)[MT][kHeadDim / 16][4],
                                              const T* smem_k, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) scores[mt][nt][e] = 0.f;
+  zero_fragments(scores);
 #pragma unroll
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     uint32_t a[MT][4], b[NT / 2][4];

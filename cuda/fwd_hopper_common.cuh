@@ -119,6 +119,30 @@ __device__ __forceinline__ void pack_probabilities(uint32_t (&p)[BLOCK_N / 16][4
   }
 }
 
+// Epilogue: a warp's 16 normalised output rows into the staging tile smem_o (padded rows, bf16/fp16) and
+// their LSE to global memory; the caller syncs its threads before and after, then stores the tile.
+__device__ __forceinline__ void stage_output_rows(Elem* smem_o, const float (&acc_o)[1][kOT][4],
+                                                  const float (&inv_sum)[1][2], const float (&row_lse)[1][2],
+                                                  int warp_row0, int g, int t, int p0, int packed_rows, int group,
+                                                  int kv_head, int batch, float* lse, int64_t lse_batch_stride,
+                                                  int64_t lse_head_stride, int64_t q_token0) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + h * 8 + g;
+#pragma unroll
+    for (int ot = 0; ot < kOT; ++ot) {
+      const uint32_t packed2 = Traits::pack2(acc_o[0][ot][2 * h] * inv_sum[0][h], acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
+    }
+    const int packed = p0 + row;
+    if (t == 0 && packed < packed_rows) {
+      const int pos = group == 1 ? packed : packed / group;
+      const int head = kv_head * group + (packed - pos * group);
+      lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[0][h];
+    }
+  }
+}
+
 __device__ __forceinline__ int fresh_thread_index() {
   int index;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));

@@ -122,10 +122,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const uint32_t q_rows = q_tile + warpgroup * 64 * kSubTileRowBytes;
 
   float acc_o[1][kOT][4];
-#pragma unroll
-  for (int ot = 0; ot < kOT; ++ot)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[0][ot][e] = 0.f;
+  zero_fragments(acc_o);
   float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(acc_o);
   OnlineSoftmax<1> softmax;
   softmax.init();
@@ -169,21 +166,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   softmax.finalize(inv_sum, row_lse, scale_log2);
   named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
   Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = warp_row0 + h * 8 + g;
-#pragma unroll
-    for (int ot = 0; ot < kOT; ++ot) {
-      const uint32_t packed2 = Traits::pack2(acc_o[0][ot][2 * h] * inv_sum[0][h], acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
-      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
-    }
-    const int packed = p0 + row;
-    if (t == 0 && packed < packed_rows) {
-      const int pos = group == 1 ? packed : packed / group;
-      const int head = kv_head * group + (packed - pos * group);
-      lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[0][h];
-    }
-  }
+  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, lse,
+                    lse_batch_stride, lse_head_stride, q_token0);
   named_barrier_sync(kMathBarrier, kMathThreads);
   Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
   store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,

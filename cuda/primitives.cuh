@@ -100,6 +100,18 @@ __device__ __forceinline__ void mma_16816<false>(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// ---------------------------------------------------------------- accumulators
+// Zero a warp's fp32 accumulator fragments: (m-tiles, n-tiles, the 4 values of an m16n8 C fragment).
+template <int M, int N>
+__device__ __forceinline__ void zero_fragments(float (&acc)[M][N][4]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
+}
+
 // ---------------------------------------------------------------- atomics
 // Two adjacent fp32 values added atomically (a dQ accumulator pair). sm_90 has the vector atomic;
 // earlier GPUs add the two floats one by one, which gives the same sums.

@@ -17,7 +17,7 @@ from .api import (
     kv_append,
 )
 from .convert import ConversionError
-from .errors import KernelUnsupported, PagePoolExhausted
+from .errors import KernelUnsupported, PagePoolExhausted, UnsupportedModel
 
 # The name registered with transformers. It must not contain "flash", "sdpa", "flex_attention" or
 # "/": transformers treats such names specially (e.g. it looks for the flash-attn package).
@@ -30,6 +30,7 @@ __all__ = [
     "ConversionError",
     "KernelUnsupported",
     "PagePoolExhausted",
+    "UnsupportedModel",
     "flash_attn_func",
     "flash_attn_paged_decode",
     "flash_attn_slot_varlen_func",

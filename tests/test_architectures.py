@@ -40,7 +40,7 @@ import hf_flashpatch
 import hf_flashpatch.api
 from hf_flashpatch.backend import attention as attention_module
 from hf_flashpatch.backend import paged as paged_module
-from hf_flashpatch.backend import unsupported
+from hf_flashpatch.backend import unpatchable, unsupported
 
 NAME = hf_flashpatch.ATTN_NAME
 VOCAB = 128
@@ -55,16 +55,11 @@ REPRESENTATIVE = (
 
 # Rows that cannot run with our mask format at all: the model code itself reads the 4-D mask that sdpa/eager
 # get, and fails on our 2-D key-padding mask before attention is called (transformers gives these models no
-# flash-attention support either, for the same reason).
-READS_4D_MASK = "its modeling code reads the 4-D sdpa/eager mask itself ({what}); our 2-D key-padding mask cannot"
+# flash-attention support either, for the same reason). patch() refuses them by name (backend/unpatchable.py).
+READS_4D_MASK = ("its modeling code reads the 4-D sdpa/eager mask itself ({what}); our 2-D key-padding mask cannot: "
+                 "patch() refuses it (UnsupportedModel)")
 KNOWN_SKIPS = {
-    "doge": READS_4D_MASK.format(what="dynamic mask"),
-    "git": READS_4D_MASK.format(what="image-text attention"),
-    "deepseek_v4": READS_4D_MASK.format(what="compressed-attention block bias"),
-    **{
-        model_type: READS_4D_MASK.format(what="sparse-attention indexer")
-        for model_type in ("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4", "qwen4_exp_text")
-    },
+    **{model_type: READS_4D_MASK.format(what=what) for model_type, what in unpatchable.READS_4D_MASK.items()},
     "blt": "no tiny configuration yet for its four sub-models (byte patcher, local encoder and decoder, global "
     "transformer); its default one allocates over 10 GB",
 }
@@ -181,7 +176,7 @@ def _skip_reason(model_type: str, class_name: str, owner: dict[str, str]) -> str
     if "ALL_ATTENTION_FUNCTIONS" not in source and "AutoModel" in source:
         return "its decoder is another architecture's (built with AutoModel from a sub-config), which has its own row"
     if "ALL_ATTENTION_FUNCTIONS" not in source:
-        return "no attention through AttentionInterface (its own attention code, or none): patch() changes nothing"
+        return "no attention through AttentionInterface (its own attention code, or none): patch() refuses it (UnsupportedModel)"
     return KNOWN_SKIPS.get(model_type)
 
 
@@ -493,7 +488,8 @@ and `generate_batch`. Its default run covers {representative}; `-m slow` runs ev
   (`hf_flashpatch/backend/unsupported.py`), with one warning per reason; never a wrong answer. Where a
   row lists both, some layers run on our kernels and some on the fallback.
 - **not run**: the row is not a decoder-only model that routes attention through `AttentionInterface`, or
-  its modeling code needs a mask our backend does not give (the reason says which).
+  its modeling code needs a mask our backend does not give (the reason says which). `patch()` refuses
+  both kinds with `hf_flashpatch.UnsupportedModel` naming why, and leaves the model as it was.
 - **wrong answer today**: rows whose attention semantics live only in transformers' mask function, which
   our mask function drops; their tests are expected failures until it handles them.
 
@@ -531,3 +527,35 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------------------------- models patch() refuses
+
+
+def _refused_rows():
+    """Rows patch() must refuse: the 4-D-mask readers, and models whose attention bypasses AttentionInterface."""
+    rows = architecture_rows()
+    bypass = [t for t, row in rows.items() if row.skip and "no attention through AttentionInterface" in row.skip]
+    return sorted(unpatchable.READS_4D_MASK) + bypass[:3]  # a few of the second kind by default
+
+
+@pytest.mark.parametrize("refused", _refused_rows())
+def test_patch_refuses_what_it_cannot_serve(refused):
+    """patch() raises UnsupportedModel naming why, and leaves the model's attention as it was; the 4-D-mask
+    readers fail the same way through from_pretrained(attn_implementation=...) (our mask function)."""
+    try:
+        config = tiny_config(refused)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    except Exception as exc:  # noqa: BLE001 - a row whose tiny model cannot be built here
+        pytest.skip(f"no tiny {refused} model: {type(exc).__name__}: {exc}")
+    before = model.config._attn_implementation
+    with pytest.raises(hf_flashpatch.UnsupportedModel, match="cannot patch this model") as refusal:
+        hf_flashpatch.patch(model)
+    assert type(model).__name__ in str(refusal.value) and "attn_implementation='sdpa'" in str(refusal.value)
+    assert model.config._attn_implementation == before
+    if refused in unpatchable.READS_4D_MASK and model.is_backend_compatible():
+        assert "4-D" in str(refusal.value)
+        hf_flashpatch.backend.register(NAME)
+        direct = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation=NAME)
+        with pytest.raises(hf_flashpatch.UnsupportedModel, match="4-D sdpa/eager mask"):
+            direct(input_ids=torch.randint(3, VOCAB, (1, 5)))

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UnsupportedModel
+from .unpatchable import reads_4d_mask_reason
+
 
 def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
                      **kwargs):  # fmt: skip
@@ -29,6 +32,9 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
     region run as one CUDA graph.
     """
     config = kwargs.get("config")
+    reason = reads_4d_mask_reason(config)
+    if reason is not None:  # from_pretrained(attn_implementation=...) reaches here without patch()'s check
+        raise UnsupportedModel(f"hf_flashpatch cannot serve this model: {reason}; use attn_implementation='sdpa'")
     if getattr(config, "attention_chunk_size", None) is not None:
         # chunked attention (Llama 4) lives only in the mask: hand over transformers' own 4-D mask, which the
         # attention function serves through its documented torch fallback
