@@ -5,8 +5,9 @@
 #pragma once
 #include "primitives.cuh"
 
-// The dK/dV kernels' parameters (hf_flashpatch/kernels/backward.py _ARGS_DKDV) and the same names as
-// arguments: every dK/dV body (bwd_default.cuh, bwd_tiled.cuh, bwd_hopper.cuh) takes this one list.
+// The dK/dV kernels' parameters (hf_flashpatch/kernels/sources.py reads the launch's letters from here)
+// and the same names as arguments: every dK/dV body (bwd_default.cuh, bwd_tiled.cuh, bwd_hopper.cuh)
+// takes this one list.
 #define HFP_DKDV_PARAMS                                                                                      \
   const T *__restrict__ q, const T *__restrict__ k, const T *__restrict__ v, const T *__restrict__ dout,      \
       const float *__restrict__ lse2_ws, const float *__restrict__ dvec_ws, float *__restrict__ dq_accum,    \

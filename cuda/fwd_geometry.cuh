@@ -6,7 +6,7 @@
 #include "fwd_softmax.cuh"
 #include "primitives.cuh"
 
-// The forward kernels' parameters, in the order of hf_flashpatch/kernels/forward.py's _ARG_TYPES.
+// The forward kernels' parameters; hf_flashpatch/kernels/sources.py reads the launch side's argument letters from here.
 #define HFP_FWD_PARAMS                                                                                            \
   const Elem *__restrict__ q, const Elem *__restrict__ k, const Elem *__restrict__ v, Elem *__restrict__ out,   \
       float *__restrict__ lse, const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k,        \

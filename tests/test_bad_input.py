@@ -325,28 +325,31 @@ def _ptx_params(build, entries):
 @pytest.mark.skipif(__import__("hf_flashpatch.kernels.build", fromlist=["x"]).find_nvcc() is None,
                     reason="nvcc not found")  # fmt: skip
 def test_kernel_argument_lists_match_the_cuda_signatures():
-    """The table-bound arguments (pool rows, total rows) added to the kernels: the Python argument
-    letters must match each entry's parameters one for one (P/q = 64-bit, i = 32-bit, f = float), or
-    PyCUDA would pass every later argument at the wrong offset."""
+    """The argument letters the launches pack, read from each entry's parameter list in cuda/
+    (kernels/sources.py), against what nvcc compiled: one PTX parameter of the same width per letter (P/q =
+    64-bit, i = 32-bit, f = float), or every later argument would land at the wrong offset."""
     from hf_flashpatch.kernels import backward, decode, forward
+    from hf_flashpatch.kernels.sources import kernel_signature
 
     width = {"P": "u64", "q": "u64", "i": "u32", "f": "f32"}
     cases = [
-        (decode.DecodeConfig(128, True, "slot", False).build(),
-         {"hfp_decode_split": decode._DECODE_ARG_TYPES, "hfp_decode_combine": decode._DECODE_ARG_TYPES}),
-        (decode.KV_APPEND_BUILD, {"hfp_kv_append": decode._APPEND_ARG_TYPES}),
+        (decode.DecodeConfig(128, True, "slot", False).build(), ("hfp_decode_split", "hfp_decode_combine")),
+        (decode.KV_APPEND_BUILD, ("hfp_kv_append",)),
         (backward.BackwardConfig.choose(64, torch.bfloat16, False).build(),
-         {"bwd_dkdv_dq_atomic": backward._ARGS_DKDV, "bwd_dkdv": backward._ARGS_DKDV, "bwd_dq": backward._ARGS_DQ}),
+         ("bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_dkdv", "bwd_dq", "bwd_convert_dq")),
     ]  # fmt: skip
+    seen = set()
     for build in forward.all_builds():
         entry = {"fwd.cu": forward._ENTRY, "fwd_hopper.cu": forward._ENTRY_SM90,
                  "fwd_hopper_ws.cu": forward._ENTRY_SM90_WS}[build.source]  # fmt: skip
-        if not any(entry in e for _, e in cases):
-            cases.append((build, {entry: forward._ARG_TYPES}))
+        if entry not in seen:
+            seen.add(entry)
+            cases.append((build, (entry,)))
     for build, entries in cases:
-        params = _ptx_params(build, entries)
-        for entry, letters in entries.items():
-            assert [width[c] for c in letters] == params[entry], f"{build.source}:{entry}"
+        letters = {entry: kernel_signature(build.source, entry).letters for entry in entries}
+        params = _ptx_params(build, letters)
+        for entry in entries:
+            assert [width[c] for c in letters[entry]] == params[entry], f"{build.source}:{entry}"
 
 
 def test_nan_in_k_reaches_the_gradients_as_in_torch():

@@ -138,7 +138,7 @@ def test_public_api_takes_the_fallback_with_one_warning_and_one_nvcc_run(dirs, t
     monkeypatch.setattr(build, "_kernels", {})
     monkeypatch.setattr(build, "_failed", {}, raising=False)
     q = torch.zeros(1)
-    launch = lambda: build.get_kernel(SPEC, "selftest_axpy", "PPfi", torch.device("cuda", 0))  # noqa: E731
+    launch = lambda: build.get_kernel(SPEC, "selftest_axpy", torch.device("cuda", 0))  # noqa: E731
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert api._kernel_call(q, launch) is None
@@ -171,7 +171,7 @@ def test_driver_that_cannot_load_the_cubin_raises_kernel_unsupported(monkeypatch
     monkeypatch.setattr(build, "_pycuda", lambda: FakeDriver)
     monkeypatch.setattr(build, "_InContext", NoContext)
     with pytest.raises(KernelUnsupported, match="cannot load selftest.cu .*unsupported toolchain"):
-        build.Kernel(SPEC, "selftest_axpy", "PPfi", 0)
+        build.Kernel(SPEC, "selftest_axpy", 0)
 
 
 # ------------------------------------------------------------------------------ corrupt entries

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hf_flashpatch.kernels import backward, decode, forward
+from hf_flashpatch.kernels.build import unloaded_kernel
 
 LOG2E = 1.4426950408889634
 SCALES = [None, 0.0, 1e-30, 0.125, 1.0 / math.sqrt(64), 0.3, 1.0, 7.5]
@@ -42,11 +43,17 @@ def old_backward(scale, softcap):
 
 
 class _Recorder:
+    """Records each launch, after packing its arguments as the real launch does: against the entry point's
+    parameter list in the CUDA source (a wrong count or a float where an int goes raises here)."""
+
     def __init__(self):
         self.calls = []
 
-    def get_kernel(self, build, entry, arg_types, device):
+    def get_kernel(self, build, entry, device):
+        kernel = unloaded_kernel(entry)
+
         def launch(grid, block, *args, **kwargs):
+            kernel.pack(args)
             self.calls.append((entry, args))
 
         return launch

@@ -15,7 +15,7 @@ import ctypes
 import pytest
 import torch
 
-from hf_flashpatch.kernels import build, call_op, decode
+from hf_flashpatch.kernels import build, call_op, decode, sources
 
 _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64,
            "f": ctypes.c_float}  # fmt: skip
@@ -44,14 +44,40 @@ def test_parameter_buffer_has_the_c_layout(arg_types):
         _unloaded_kernel(arg_types).pack(values[:-1])
 
 
+def test_every_kernel_parameter_list_is_read_from_the_sources():
+    """Each extern "C" kernel of cuda/: one letter per parameter, unique names, found in its own file only;
+    the shared lists (forward bodies, dK/dV kernels) give the same signature wherever they are used."""
+    import re
+
+    entries = {}
+    for path in sorted(sources.cuda_source_dir().glob("*.cu")):
+        for entry in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(',
+                                path.read_text()):  # fmt: skip
+            entries[entry] = path.name
+    assert {"hfp_attention_forward", "hfp_attention_forward_sm90_ws", "bwd_dkdv", "hfp_decode_split"} <= set(entries)
+    for entry, source in entries.items():
+        signature = sources.kernel_signature(source, entry)
+        assert len(signature.names) == len(signature.letters) > 0 and len(set(signature.names)) == len(signature.names)
+        assert set(signature.letters) <= set("PqiIf") and sources.entry_source(entry) == source
+    forward_lists = {sources.kernel_signature(entries[e], e) for e in entries if e.startswith("hfp_attention_forward")}
+    assert len(forward_lists) == 1  # fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu: HFP_FWD_PARAMS
+    assert sources.kernel_signature("bwd.cu", "bwd_dkdv") == sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
+
+
 @pytest.fixture
 def fake_launches(monkeypatch):
     """Every get_kernel request and launch, with the decode path's GPU queries faked."""
     made, launched = [], []
 
-    def get_kernel(build_, entry, arg_types, device):
+    def get_kernel(build_, entry, device):
         made.append(entry)
-        return lambda grid, block, *args, **kwargs: launched.append((entry, grid))
+        kernel = build.unloaded_kernel(entry)
+
+        def launch(grid, block, *args, **kwargs):
+            kernel.pack(args)  # the arguments fit the kernel's parameter list in cuda/
+            launched.append((entry, grid))
+
+        return launch
 
     monkeypatch.setattr(decode, "get_kernel", get_kernel)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")

@@ -150,8 +150,6 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
 
 # ------------------------------------------------------------------------------------ launching
 
-_ARGS_DKDV = "P" * 11 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 5  # ..., left, right, total_q, total_k, heavy_first
-_ARGS_DQ = "P" * 9 + "q" * 12 + "i" * 5 + "f" * 4 + "i" * 4
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -224,7 +222,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     build = cfg.build()
     lse2 = torch.empty(batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # lse * log2(e)
     dvec = torch.empty_like(lse2)  # rowsum(dO * O) - dLSE
-    pre = get_kernel(build, "bwd_preprocess", "PPPPPP" + "q" * 6 + "iii", device)
+    pre = get_kernel(build, "bwd_preprocess", device)
     pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, *strides(out),
         *strides(dout), heads, rows_valid, rows_pad, tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()))  # fmt: skip
 
@@ -247,19 +245,19 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     key_blocks = (seqlen_k + cfg.block_n - 1) // cfg.block_n
     grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, _sm_count(device), choice=cfg.body == "wgmma")
     if deterministic:
-        dkdv = get_kernel(build, "bwd_dkdv", _ARGS_DKDV, device)
+        dkdv = get_kernel(build, "bwd_dkdv", device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars, heavy_first,
              shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip
-        dq_kernel = get_kernel(build, "bwd_dq", _ARGS_DQ, device)
+        dq_kernel = get_kernel(build, "bwd_dq", device)
         grid_q = ((seqlen_q + cfg.dq_block_m - 1) // cfg.dq_block_m, heads, batch)
         dq_kernel(grid_q, (cfg.dq_warps * 32, 1, 1), *inputs, dq, *cu, *all_strides, *scalars,
                   shared_bytes=cfg.dq_smem_bytes(), tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
-        dkdv = get_kernel(build, "bwd_dkdv_dq_atomic", _ARGS_DKDV, device)
+        dkdv = get_kernel(build, "bwd_dkdv_dq_atomic", device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars, heavy_first,
              shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
-        convert = get_kernel(build, "bwd_convert_dq", "PPiiif", device)
+        convert = get_kernel(build, "bwd_convert_dq", device)
         blocks = (rows_valid * head_dim // 8 + 255) // 256
         if blocks > 0:
             convert((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,

@@ -37,19 +37,9 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import kernel_cache
+from .sources import cuda_source_dir, entry_source, kernel_signature
 
 _log = logging.getLogger(__name__)
-_PACKAGE_DIR = Path(__file__).resolve().parent.parent
-
-
-def cuda_source_dir() -> Path:
-    """The kernel sources: ``hf_flashpatch/_cuda`` in an installed wheel, ``cuda/`` in a checkout."""
-    for candidate in (_PACKAGE_DIR / "_cuda", _PACKAGE_DIR.parent / "cuda"):
-        if (candidate / "primitives.cuh").is_file():
-            return candidate
-    raise FileNotFoundError(f"hf_flashpatch CUDA sources not found next to {_PACKAGE_DIR}")
-
-
 def cache_dir() -> Path:
     """``$HF_FLASHPATCH_CACHE``, else ``~/.cache/hf_flashpatch``."""
     root = os.environ.get("HF_FLASHPATCH_CACHE") or Path.home() / ".cache" / "hf_flashpatch"
@@ -265,14 +255,16 @@ class _InContext:
 
 
 class Kernel:
-    """A loaded kernel entry point with a fixed argument signature: one letter per argument, ``P``
-    pointer (a tensor, or None for a null pointer), ``i`` int32, ``I`` uint32, ``q`` int64, ``f`` float32.
-    The letters are a :mod:`struct` format, so the argument buffer is packed in one call with the C
-    ABI's natural alignment, which is how CUDA lays out kernel parameters."""
+    """A loaded kernel entry point. Its argument letters come from its parameter list in the CUDA source
+    (:func:`~hf_flashpatch.kernels.sources.kernel_signature`): ``P`` pointer (a tensor, or None for a
+    null pointer), ``i`` int32, ``I`` uint32, ``q`` int64, ``f`` float32. They are a :mod:`struct` format,
+    so the argument buffer is packed in one call with the C ABI's natural alignment, which is how CUDA
+    lays out kernel parameters."""
 
-    def __init__(self, build: KernelBuild, entry: str, arg_types: str, device_index: int):
-        self.build, self.entry, self.arg_types, self.device_index = build, entry, arg_types, device_index
-        self.packer = struct.Struct("@" + arg_types)
+    def __init__(self, build: KernelBuild, entry: str, device_index: int):
+        self.build, self.entry, self.device_index = build, entry, device_index
+        self.arg_types = kernel_signature(build.source, entry).letters
+        self.packer = struct.Struct("@" + self.arg_types)
         cubin, _ = compile_cubin(build)
         driver = _pycuda()
         with _InContext(device_index):
@@ -335,17 +327,27 @@ _kernels: dict[tuple, Kernel] = {}
 _failed: dict[tuple, str] = {}  # why a kernel could not be built, so that nvcc is not rerun every call
 
 
-def get_kernel(build: KernelBuild, entry: str, arg_types: str, device: torch.device) -> Kernel:
+def unloaded_kernel(entry: str, source: str | None = None) -> Kernel:
+    """A :class:`Kernel` that only packs arguments (no compile, no GPU): what CPU tests check launches with.
+    ``source`` defaults to the ``cuda/`` file that defines ``entry``."""
+    kernel = object.__new__(Kernel)
+    kernel.build, kernel.entry, kernel.device_index = None, entry, None
+    kernel.arg_types = kernel_signature(source or entry_source(entry), entry).letters
+    kernel.packer = struct.Struct("@" + kernel.arg_types)
+    return kernel
+
+
+def get_kernel(build: KernelBuild, entry: str, device: torch.device) -> Kernel:
     """Compiled, loaded and prepared kernel for ``device`` (memoised per process, failures included:
     a kernel that raised KernelUnsupported raises the same message again without recompiling)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    key = (build, entry, arg_types, index)
+    key = (build, entry, index)
     kernel = _kernels.get(key)
     if kernel is None:
         if key in _failed:
             raise KernelUnsupported(_failed[key])  # a fresh exception: re-raising one grows its traceback
         try:
-            kernel = _kernels[key] = Kernel(build, entry, arg_types, index)
+            kernel = _kernels[key] = Kernel(build, entry, index)
         except KernelUnsupported as exc:
             _failed[key] = str(exc)
             raise

@@ -43,9 +43,6 @@ from .decode_config import (  # noqa: F401 - re-exported: the decode module is w
 from .heuristics import MIN_KEYS_PER_SPLIT, MIN_WAVES, choose_num_splits, ctas_per_sm  # noqa: F401 - re-exported
 
 
-# Argument letters of hfp_decode_split / hfp_decode_combine (HFP_DECODE_ARGS in cuda/decode.cu).
-_DECODE_ARG_TYPES = "PqqqPi" + "PPqqqqqqPPiPqiPi" + "PqqqPqqqPP" + "iiiiiiffii"
-_APPEND_ARG_TYPES = "PPqqqqPPqqqqPiiiq"
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
 
 @functools.lru_cache(maxsize=None)
@@ -121,7 +118,7 @@ def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch
     device = torch.device("cuda", device_index)
     config = DecodeConfig(head_dim, bf16, addressing, softcap)
     build = config.build(device_arch(device))
-    split_kernel = get_kernel(build, "hfp_decode_split", _DECODE_ARG_TYPES, device)
+    split_kernel = get_kernel(build, "hfp_decode_split", device)
     # Row tiles in the grid: enough for every row of a batched call; for packed q (where seqlen_q is
     # only an upper bound) at most MAX_ROWS_PER_KV_HEAD rows' worth, and each CTA loops over the
     # further tiles of a sequence that has more queries (cuda/decode.cu decode_split).
@@ -129,7 +126,7 @@ def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
     num_splits = choose_num_splits(ctas, typical_keys, _sm_count(device_index), ctas_per_sm(config), MIN_WAVES)
-    combine_kernel = get_kernel(build, "hfp_decode_combine", _DECODE_ARG_TYPES, device) if num_splits > 1 else None
+    combine_kernel = get_kernel(build, "hfp_decode_combine", device) if num_splits > 1 else None
     return DecodePlan(config, split_kernel, combine_kernel, num_splits, row_tiles)
 
 
@@ -299,7 +296,7 @@ def _kv_append_impl(
     if num_tokens == 0:
         return
     kernel = get_kernel(
-        KernelBuild("kv_append.cu", (), device_arch(k_new.device)), "hfp_kv_append", _APPEND_ARG_TYPES, k_new.device
+        KernelBuild("kv_append.cu", (), device_arch(k_new.device)), "hfp_kv_append", k_new.device
     )
     chunk = 8  # elements per 16-byte chunk (2-byte dtypes)
     row_chunks = head_dim // chunk

@@ -45,7 +45,6 @@ _ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 _SWIZZLE_ALIGN_SLACK = 1024  # the wgmma body rounds its shared-memory base up to a 1024-byte swizzle atom
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
-_ARG_TYPES = "PPPPPPP" + "q" * 14 + "iiiii" + "ff" + "ii"
 
 
 @dataclass(frozen=True)
@@ -238,7 +237,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
     scale_log2, softcap_pre = scales.exp2_mul, scales.softcap_pre
 
-    kernel = get_kernel(config.build(arch), config.entry, _ARG_TYPES, q.device)
+    kernel = get_kernel(config.build(arch), config.entry, q.device)
     grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
     kernel(
         grid, (config.threads, 1, 1),

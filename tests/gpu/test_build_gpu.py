@@ -11,7 +11,7 @@ pytestmark = pytest.mark.gpu
 def _axpy(spin: int = 20000):
     from hf_flashpatch.kernels.build import KernelBuild, get_kernel
 
-    return get_kernel(KernelBuild("selftest.cu", (("SELFTEST_SPIN", str(spin)),)), "selftest_axpy", "PPfi",
+    return get_kernel(KernelBuild("selftest.cu", (("SELFTEST_SPIN", str(spin)),)), "selftest_axpy",
                       torch.device("cuda"))
 
 
