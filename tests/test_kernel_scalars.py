@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_flashpatch.kernels import backward, decode, forward
-from hf_flashpatch.kernels.build import unloaded_kernel
+from launch_recorder import RecordingKernel
 
 LOG2E = 1.4426950408889634
 SCALES = [None, 0.0, 1e-30, 0.125, 1.0 / math.sqrt(64), 0.3, 1.0, 7.5]
@@ -43,20 +43,17 @@ def old_backward(scale, softcap):
 
 
 class _Recorder:
-    """Records each launch, after packing its arguments as the real launch does: against the entry point's
-    parameter list in the CUDA source (a wrong count or a float where an int goes raises here)."""
+    """Every launch as (entry, args), checked against the kernel's parameter list (tests/launch_recorder.py)."""
 
     def __init__(self):
-        self.calls = []
+        self.launches = []
+
+    @property
+    def calls(self):
+        return [(entry, args) for entry, _grid, args in self.launches]
 
     def get_kernel(self, build, entry, device):
-        kernel = unloaded_kernel(entry)
-
-        def launch(grid, block, *args, **kwargs):
-            kernel.pack(args)
-            self.calls.append((entry, args))
-
-        return launch
+        return RecordingKernel(entry, self.launches)
 
 
 def _default(scale):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from hf_flashpatch.kernels import build, call_op, decode, sources
+from launch_recorder import RecordingKernel
 
 _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int32, "I": ctypes.c_uint32, "q": ctypes.c_int64,
            "f": ctypes.c_float}  # fmt: skip
@@ -23,8 +24,8 @@ _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int32, "I": ctypes.c_uint32, "q":
 
 def _unloaded_kernel(arg_types: str) -> build.Kernel:
     kernel = object.__new__(build.Kernel)  # no module load: only the packing is under test
-    kernel.entry, kernel.arg_types = "test_entry", arg_types
-    kernel.packer = build.struct.Struct("@" + arg_types)
+    kernel.entry = "test_entry"
+    kernel.set_signature(arg_types)
     return kernel
 
 
@@ -71,13 +72,7 @@ def fake_launches(monkeypatch):
 
     def get_kernel(build_, entry, device):
         made.append(entry)
-        kernel = build.unloaded_kernel(entry)
-
-        def launch(grid, block, *args, **kwargs):
-            kernel.pack(args)  # the arguments fit the kernel's parameter list in cuda/
-            launched.append((entry, grid))
-
-        return launch
+        return RecordingKernel(entry, launched)  # the arguments must fit the kernel's parameter list in cuda/
 
     monkeypatch.setattr(decode, "get_kernel", get_kernel)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
@@ -101,7 +96,7 @@ def _decode_step(cache_len: int, layers: int):
 def test_decode_plan_is_made_once_per_step(fake_launches):
     made, launched = fake_launches
     _decode_step(4096, layers=6)
-    split_launches = [grid for entry, grid in launched if entry == "hfp_decode_split"]
+    split_launches = [grid for entry, grid, _args in launched if entry == "hfp_decode_split"]
     assert len(split_launches) == 6 and len(set(split_launches)) == 1
     assert made.count("hfp_decode_split") == 1, made  # one plan for the six layers
     splits = decode.decode_plan.cache_info()

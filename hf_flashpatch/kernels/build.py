@@ -263,8 +263,7 @@ class Kernel:
 
     def __init__(self, build: KernelBuild, entry: str, device_index: int):
         self.build, self.entry, self.device_index = build, entry, device_index
-        self.arg_types = kernel_signature(build.source, entry).letters
-        self.packer = struct.Struct("@" + self.arg_types)
+        self.set_signature(kernel_signature(build.source, entry).letters)
         cubin, _ = compile_cubin(build)
         driver = _pycuda()
         with _InContext(device_index):
@@ -276,18 +275,28 @@ class Kernel:
         self._max_shared_set = 48 * 1024
         self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
 
+    def set_signature(self, letters: str) -> None:
+        self.arg_types = letters
+        self.packer = struct.Struct("@" + letters)
+        self.pointer_positions = tuple(i for i, letter in enumerate(letters) if letter == "P")
+
     def pack(self, args) -> bytes:
         """The kernel's parameter buffer: tensors as their data pointers, None as a null pointer."""
         if len(args) != len(self.arg_types):
             raise TypeError(f"{self.entry} takes {len(self.arg_types)} arguments, got {len(args)}")
-        return self.packer.pack(*[
-            a.data_ptr() if isinstance(a, torch.Tensor) else 0 if a is None else a for a in args
-        ])  # fmt: skip
+        values = list(args)
+        for i in self.pointer_positions:
+            value = values[i]
+            values[i] = 0 if value is None else value.data_ptr() if isinstance(value, torch.Tensor) else value
+        return self.packer.pack(*values)
 
     def __call__(self, grid, block, *args, shared_bytes: int = 0, tensors=()):
         """Launch on torch's current stream. ``tensors``: every tensor the kernel touches (kept alive
         on the side stream when we fork)."""
-        params = self.pack(args)
+        self.launch(grid, block, self.pack(args), shared_bytes=shared_bytes, tensors=tensors)
+
+    def launch(self, grid, block, params: bytes, *, shared_bytes: int = 0, tensors=()):
+        """Launch with a parameter buffer from :meth:`pack` (kernels with one parameter list share one)."""
         if self._context is None:
             self._context = _primary_context(self.device_index)
             self._driver = _pycuda()
@@ -332,8 +341,7 @@ def unloaded_kernel(entry: str, source: str | None = None) -> Kernel:
     ``source`` defaults to the ``cuda/`` file that defines ``entry``."""
     kernel = object.__new__(Kernel)
     kernel.build, kernel.entry, kernel.device_index = None, entry, None
-    kernel.arg_types = kernel_signature(source or entry_source(entry), entry).letters
-    kernel.packer = struct.Struct("@" + kernel.arg_types)
+    kernel.set_signature(kernel_signature(source or entry_source(entry), entry).letters)
     return kernel
 
 

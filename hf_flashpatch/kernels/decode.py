@@ -155,13 +155,14 @@ def _launch(
         window_right,
     )  # fmt: skip
     tensors = [t for t in (q, cu_q, k, v, seqlens, key_starts, index, cu_k, out, lse, o_part, lse_part) if t is not None]
-    plan.split_kernel(
-        (plan.row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), *args,
+    params = plan.split_kernel.pack(args)  # both kernels take HFP_DECODE_ARGS: one buffer
+    plan.split_kernel.launch(
+        (plan.row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), params,
         shared_bytes=plan.config.shared_bytes, tensors=tensors,
     )  # fmt: skip
     if num_splits > 1:
         rows = total_q * heads
-        plan.combine_kernel((-(-rows // 4), 1, 1), (128, 1, 1), *args, tensors=tensors)
+        plan.combine_kernel.launch((-(-rows // 4), 1, 1), (128, 1, 1), params, tensors=tensors)
 
 
 # ------------------------------------------------------------------------------------ custom ops

@@ -1,0 +1,25 @@
+"""A stand-in for :class:`hf_flashpatch.kernels.build.Kernel` in CPU tests (no compile, no GPU).
+
+Every launch's arguments are packed as the real launch packs them, against the entry point's parameter
+list in ``cuda/`` (a wrong count, or a float where an int goes, raises), and recorded unpacked:
+``calls`` gets ``(entry, grid, args)`` per launch.
+"""
+
+from __future__ import annotations
+
+from hf_flashpatch.kernels.build import unloaded_kernel
+
+
+class RecordingKernel:
+    def __init__(self, entry: str, calls: list):
+        self.entry, self.calls, self._real = entry, calls, unloaded_kernel(entry)
+
+    def pack(self, args) -> tuple:
+        self._real.pack(args)  # raises where the real launch would
+        return tuple(args)  # kept unpacked, so tests can read the values as the launcher computed them
+
+    def launch(self, grid, block, params, **kwargs) -> None:
+        self.calls.append((self.entry, grid, params))
+
+    def __call__(self, grid, block, *args, **kwargs) -> None:
+        self.launch(grid, block, self.pack(args), **kwargs)
