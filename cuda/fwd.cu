@@ -24,14 +24,8 @@
 #include "fwd_tile_io.cuh"
 #include "primitives.cuh"
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined"
-#endif
-
 namespace {
 
-using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
-using Elem = Traits::T;
 using Layout = hfp::fwd::TileLayout<HEAD_DIM>;
 
 constexpr int kThreads = NUM_WARPS * 32;

@@ -1,12 +1,22 @@
-// hf_flashpatch forward: what every forward body (fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu) computes the
-// same way before its main loop: the kernel parameter list, the rows of the sequence a CTA works on,
+// hf_flashpatch forward: what every forward body (fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu) shares before
+// its main loop: the element type, the kernel parameter list, the rows of the sequence a CTA works on,
 // and the key tiles one query tile can see. Layout: q (B, S_q, H, D), k/v (B, S_k, H_kv, D); varlen
 // packs sequences along the token dim (batch strides unused) with cu_seqlens (num_seqs + 1,).
 #pragma once
 #include "fwd_softmax.cuh"
 #include "primitives.cuh"
 
-// The forward kernels' parameters; hf_flashpatch/kernels/sources.py reads the launch side's argument letters from here.
+#ifndef HEAD_DIM
+#error "HEAD_DIM must be defined"
+#endif
+
+namespace {
+// The element type of a build: bf16 with ELEM_BF16 = 1, else fp16.
+using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
+using Elem = Traits::T;
+}  // namespace
+
+// The forward kernels' parameters (hf_flashpatch/kernels/sources.py reads the launch's letters from here).
 #define HFP_FWD_PARAMS                                                                                            \
   const Elem *__restrict__ q, const Elem *__restrict__ k, const Elem *__restrict__ v, Elem *__restrict__ out,   \
       float *__restrict__ lse, const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k,        \

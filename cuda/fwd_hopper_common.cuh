@@ -8,14 +8,8 @@
 #include "hopper.cuh"
 #include "primitives.cuh"
 
-#ifndef HEAD_DIM
-#error "HEAD_DIM must be defined"
-#endif
-
 namespace {
 
-using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
-using Elem = Traits::T;
 using OutLayout = hfp::fwd::TileLayout<HEAD_DIM>;  // padded rows: the output staging tile
 
 constexpr bool kBf16 = ELEM_BF16 != 0;
