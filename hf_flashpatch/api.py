@@ -15,6 +15,8 @@ Common keyword arguments:
 - ``softcap``: ``scores = softcap * tanh(scores / softcap)`` after scaling (Gemma 2); ``None``, 0
   and ``inf`` mean no cap, NaN or a negative value is an error;
 - ``return_lse``: also return the fp32 log-sum-exp of each query row, ``-inf`` where no key is seen;
+- ``sinks``: ``(H,)`` floating, one learned logit per query head that joins every row's softmax
+  denominator without a value (GPT-OSS); the returned lse includes it. See :mod:`hf_flashpatch.sinks`;
 - ``check_inputs`` (functions that take index tables): see "Table contents" below.
 
 K/V may have fewer heads than Q (GQA/MQA): query head ``h`` reads KV head ``h // (H // H_kv)``.
@@ -42,7 +44,8 @@ from . import fallback
 from .errors import KernelUnsupported
 from .kernels import kernels_unavailable_reason
 from .reference.masks import normalize_window
-from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_varlen
+from .sinks import add_sinks
+from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_sinks, check_varlen
 
 _warned: set[str] = set()
 
@@ -67,13 +70,25 @@ def _kernel_call(q: torch.Tensor, run):
         return None
 
 
+def _finish(res, fall_back, return_lse: bool, sinks):
+    """The kernel's ``(out, lse)``, else ``fall_back(want_lse)``'s; sinks folded in (:mod:`.sinks`)."""
+    if res is None:
+        res = fall_back(return_lse or sinks is not None)
+    if sinks is not None:
+        res = add_sinks(*res, sinks)
+    if return_lse or not isinstance(res, tuple):
+        return res
+    return res[0]
+
+
 def _window_args(window, causal):
     left, right = normalize_window(window, causal)
     return dict(causal=causal, window_left=left, window_right=right)
 
 
 def flash_attn_func(
-    q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, return_lse=False, deterministic=False
+    q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, return_lse=False, deterministic=False,
+    sinks=None,
 ):
     """Attention over a batch of equal-length sequences.
 
@@ -84,6 +99,7 @@ def flash_attn_func(
     """
     check_qkv(q, k, v, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window)
+    sinks = check_sinks(sinks, q)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -97,9 +113,10 @@ def flash_attn_func(
         return forward.attention_forward(q, k, v, deterministic=deterministic, **_window_args(window, causal), **common)
 
     res = _kernel_call(q, run)
-    if res is None:
-        return fallback.attention(q, k, v, causal=causal, window=window, return_lse=return_lse, **common)
-    return res if return_lse else res[0]
+    fall_back = lambda lse: fallback.attention(  # noqa: E731
+        q, k, v, causal=causal, window=window, return_lse=lse, **common
+    )
+    return _finish(res, fall_back, return_lse, sinks)
 
 
 def _try_decode(q, k, v, cache_seqlens, causal, window, common):
@@ -128,6 +145,7 @@ def flash_attn_varlen_func(
     return_lse=False,
     deterministic=False,
     check_inputs=True,
+    sinks=None,
 ):
     """Packed sequences (no padding): q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``; sequence ``i`` is
     rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
@@ -137,6 +155,7 @@ def flash_attn_varlen_func(
     check_qkv(q, k, v, packed=True)
     softcap = check_scalars(softmax_scale, softcap, window)
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
+    sinks = check_sinks(sinks, q)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -150,16 +169,15 @@ def flash_attn_varlen_func(
         )  # fmt: skip
 
     res = _kernel_call(q, run)
-    if res is None:
-        return fallback.varlen_attention(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=return_lse, **common
-        )
-    return res if return_lse else res[0]
+    fall_back = lambda lse: fallback.varlen_attention(  # noqa: E731
+        q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=lse, **common
+    )
+    return _finish(res, fall_back, return_lse, sinks)
 
 
 def flash_attn_with_kvcache(
     q, k_cache, v_cache, cache_seqlens=None, *, causal=True, softmax_scale=None, window=None, softcap=None,
-    return_lse=False, check_inputs=True,
+    return_lse=False, check_inputs=True, sinks=None,
 ):  # fmt: skip
     """Decode over a contiguous cache (inference only).
 
@@ -172,6 +190,7 @@ def flash_attn_with_kvcache(
     check_qkv(q, k_cache, v_cache, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window)
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
+    sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
         return fallback.empty_batch(q, return_lse)
     if cache_seqlens is not None:
@@ -184,16 +203,15 @@ def flash_attn_with_kvcache(
         return decode.decode_forward(q, k_cache, v_cache, cache_seqlens, **_window_args(window, causal), **common)
 
     res = _kernel_call(q, run)
-    if res is None:
-        return fallback.kvcache_attention(
-            q, k_cache, v_cache, cache_seqlens, causal=causal, window=window, return_lse=return_lse, **common
-        )
-    return res if return_lse else res[0]
+    fall_back = lambda lse: fallback.kvcache_attention(  # noqa: E731
+        q, k_cache, v_cache, cache_seqlens, causal=causal, window=window, return_lse=lse, **common
+    )
+    return _finish(res, fall_back, return_lse, sinks)
 
 
 def flash_attn_paged_decode(
     q, k_pages, v_pages, page_table, seqlens_k, *, causal=True, softmax_scale=None, window=None, softcap=None,
-    return_lse=False, check_inputs=True,
+    return_lse=False, check_inputs=True, sinks=None,
 ):  # fmt: skip
     """Decode over a paged KV pool (block-table form).
 
@@ -207,6 +225,7 @@ def flash_attn_paged_decode(
     """
     check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
     softcap = check_scalars(softmax_scale, softcap, window)
+    sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
         return fallback.empty_batch(q, return_lse)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
@@ -219,11 +238,10 @@ def flash_attn_paged_decode(
         )
 
     res = _kernel_call(q, run)
-    if res is None:
-        return fallback.paged_attention(
-            q, k_pages, v_pages, page_table, seqlens_k, causal=causal, window=window, return_lse=return_lse, **common
-        )
-    return res if return_lse else res[0]
+    fall_back = lambda lse: fallback.paged_attention(  # noqa: E731
+        q, k_pages, v_pages, page_table, seqlens_k, causal=causal, window=window, return_lse=lse, **common
+    )
+    return _finish(res, fall_back, return_lse, sinks)
 
 
 # ------------------------------------------------------------------------------ compile-safe forms

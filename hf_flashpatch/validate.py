@@ -109,6 +109,20 @@ def check_scalars(softmax_scale, softcap, window) -> float | None:
 # ------------------------------------------------------------------------------------ table structure
 
 
+def check_sinks(sinks, q: torch.Tensor):
+    """``sinks``: None, or a floating tensor of one logit per query head ``(H,)`` on q's device."""
+    if sinks is None:
+        return None
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a torch.Tensor of shape ({q.shape[-2]},) or None, got {type(sinks).__name__}")
+    if sinks.shape != (q.shape[-2],) or not sinks.is_floating_point():
+        _fail(f"sinks must be a floating tensor of one logit per query head, shape ({q.shape[-2]},), got "
+              f"{sinks.dtype} of shape {tuple(sinks.shape)}")  # fmt: skip
+    if sinks.device != q.device:
+        _fail(f"sinks must be on q's device {q.device}, got {sinks.device}")
+    return sinks
+
+
 def check_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> None:
     """Structure of a ``(num_seqs + 1,)`` int table; its contents are :func:`check_varlen_contents`'s."""
     if not isinstance(cu, torch.Tensor):

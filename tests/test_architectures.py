@@ -465,8 +465,8 @@ def test_generate_batch(model_type):
 # ------------------------------------------------------------------------ the docs table, regenerated
 
 WHY = {
-    unsupported.SINKS: "attention sinks (`s_aux`) join the softmax; the kernels do not take them yet and sdpa "
-    "cannot: the model's own eager attention",
+    unsupported.SINKS: "attention sinks (`s_aux`) of a shape other than one logit per query head; sdpa cannot "
+    "take them: the model's own eager attention",
     unsupported.VALUE_HEAD_DIM: "multi-head latent attention: V's head dim differs from Q/K's, which the kernels "
     "do not take yet: transformers' sdpa",
     unsupported.HEAD_DIM: "Q/K head dim above 256 (Gemma 4's global layers: 512): transformers' sdpa for those "

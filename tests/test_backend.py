@@ -226,11 +226,12 @@ def test_dropout_in_training_refused():
 
 
 def test_sinks_without_an_eager_function_are_refused_by_name():
-    """Sinks take the model's own eager attention (see test_unsupported.py); a module whose file has none
-    gets an error naming the reason, never an answer that ignores the sinks."""
+    """One sink logit per query head runs on the kernels (test_sinks.py); sinks of another shape take the
+    model's own eager attention (see test_unsupported.py), and a module whose file has none gets an error
+    naming the reason, never an answer that ignores the sinks."""
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     with pytest.raises(UnsupportedAttentionFeature, match=r"attention sinks"):
-        attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(4))
+        attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(4, 2))
 
 
 def test_four_dimensional_mask_takes_the_torch_fallback():

@@ -49,8 +49,9 @@ def test_reasons():
     bookkeeping = dict(position_ids=torch.arange(5)[None], use_cache=True, output_router_logits=False,
                        cu_seq_lens_q=None, logits_indices=torch.tensor([4]))  # fmt: skip
     assert reason(q, k, v, None, bookkeeping) is None
-    assert reason(q, k, v, None, dict(s_aux=torch.zeros(4))) == unsupported.SINKS
-    assert reason(q, k, v, None, dict(sinks=torch.zeros(4), position_bias=torch.zeros(1))) == unsupported.SINKS
+    assert reason(q, k, v, None, dict(s_aux=torch.zeros(4))) is None  # one logit per query head: served (sinks.py)
+    assert reason(q, k, v, None, dict(s_aux=torch.zeros(4, 2))) == unsupported.SINKS
+    assert reason(q, k, v, None, dict(sinks=torch.zeros(2, 4), position_bias=torch.zeros(1))) == unsupported.SINKS
     assert reason(q, k, v, None, dict(position_bias=torch.zeros(2, 4, 5, 5))) == unsupported.POSITION_BIAS
     assert reason(q, k, v, None, dict(indices=torch.zeros(2, 5, 3))) == unsupported.UNKNOWN_KWARG
     assert reason(q, k, v, None, dict(indices=None)) is None  # a keyword without a value changes nothing
@@ -195,7 +196,8 @@ def test_a_4d_mask_is_used_as_given():
 
 
 def test_sinks_run_the_models_own_eager_attention():
-    """Sinks go to the eager function of the module's own modeling file, with an additive mask."""
+    """Sinks the kernels do not take (another shape than one per query head) go to the eager function of the
+    module's own modeling file, with an additive mask."""
     seen = {}
 
     def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -206,10 +208,10 @@ def test_sinks_run_the_models_own_eager_attention():
     modeling.eager_attention_forward = eager_attention_forward
     module = type("SinkAttention", (Attention,), {"__module__": modeling.__name__})()
     q, k, v = qkv()
-    sinks = torch.zeros(4)
+    sinks = torch.zeros(4, 2)
     with pytest.MonkeyPatch.context() as patcher:
         patcher.setitem(__import__("sys").modules, modeling.__name__, modeling)
-        with pytest.warns(UserWarning, match=r"SinkAttention \(attention sinks: s_aux of shape \(4,\)\).*eager"):
+        with pytest.warns(UserWarning, match=r"SinkAttention \(attention sinks: s_aux of shape \(4, 2\)\).*eager"):
             unsupported.fallback_attention(module, q, k, v, left_padded((5, 3), 5).bool(), scaling=1.0, s_aux=sinks)
     assert seen["kwargs"]["s_aux"] is sinks
     assert seen["mask"].dtype == torch.float32 and seen["mask"].shape == (2, 1, 5, 5)
@@ -220,7 +222,7 @@ def test_sinks_run_the_models_own_eager_attention():
 def test_no_eager_function_is_an_error_naming_the_module():
     module = type("Orphan", (Attention,), {"__module__": "no_such_modeling_file"})()
     with pytest.raises(UnsupportedAttentionFeature, match="Orphan.*attention sinks.*no eager_attention_forward"):
-        unsupported.fallback_attention(module, *qkv(), None, s_aux=torch.zeros(4))
+        unsupported.fallback_attention(module, *qkv(), None, s_aux=torch.zeros(4, 2))
 
 
 def test_traces_whole_under_torch_compile():

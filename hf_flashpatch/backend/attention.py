@@ -23,7 +23,8 @@ Head counts come from the tensor shapes, never from the config.
 
 Not supported, with a clear error rather than a wrong answer: ``output_attentions=True`` (we never build
 the probabilities; use ``attn_implementation="eager"``), attention dropout > 0 (training with
-``attention_dropout``; set it to 0 or use ``sdpa``/``eager``), attention sinks ``s_aux`` (GPT-OSS).
+``attention_dropout``; set it to 0 or use ``sdpa``/``eager``). Attention sinks (``s_aux``, GPT-OSS: one
+logit per query head) run on the kernels, folded into their ``(out, lse)`` (:mod:`hf_flashpatch.sinks`).
 
 Dtypes: when q/k/v disagree (autocast or PEFT with fp32 layer norms), everything is cast to the autocast
 dtype if autocast is on, else to the half dtype among them (what the flash_attention_2 integration does).
@@ -47,8 +48,9 @@ class UnsupportedAttentionFeature(NotImplementedError):
     """A transformers feature that this backend does not implement (it names an alternative)."""
 
 
-def check_unsupported(module, dropout: float, kwargs: dict) -> None:
-    """Refuse what would otherwise give a silently wrong answer."""
+def check_unsupported(module, dropout: float, kwargs: dict, *, sinks_served: bool = False) -> None:
+    """Refuse what would otherwise give a silently wrong answer. ``sinks_served``: the caller folds attention
+    sinks in (the attention function does; the continuous-batching pool routes do not)."""
     if kwargs.get("output_attentions", False):
         raise UnsupportedAttentionFeature(
             "hf_flashpatch's attention backend does not return attention probabilities (output_attentions=True); "
@@ -60,10 +62,11 @@ def check_unsupported(module, dropout: float, kwargs: dict) -> None:
             f"(module {type(module).__name__} in training mode); set config.attention_dropout=0.0, call "
             "model.eval(), or train with attn_implementation='sdpa'"
         )
-    if kwargs.get("s_aux") is not None:
+    if not sinks_served and unsupported.sink_logits(kwargs) is not None:
         raise UnsupportedAttentionFeature(
-            f"hf_flashpatch's attention backend does not implement attention sinks (s_aux of shape "
-            f"{tuple(kwargs['s_aux'].shape)}); use attn_implementation='eager' for this model"
+            f"hf_flashpatch's continuous-batching pool routes do not implement attention sinks (s_aux of shape "
+            f"{tuple(unsupported.sink_logits(kwargs).shape)}); use attn_implementation='eager' for this model's "
+            "generate_batch"
         )
 
 
@@ -262,7 +265,7 @@ def attention_forward(
                                               is_causal=is_causal, reason=reason, **kwargs)  # fmt: skip
     if sliding_window is None:
         sliding_window = window_of_every_layer(module)
-    check_unsupported(module, dropout, kwargs)
+    check_unsupported(module, dropout, kwargs, sinks_served=True)
     for label, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             raise ValueError(f"{label} must be 4-D (batch, heads, seqlen, head_dim), got {tuple(t.shape)}")
@@ -276,7 +279,8 @@ def attention_forward(
     # (B, S_q, H, D) and (B, S_k, H_kv, D) views; a cast only where needed (every op costs host time per layer)
     q, k, v = (t.transpose(1, 2) if t.dtype == dtype else t.transpose(1, 2).to(dtype) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window), softcap=softcap)
+    attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window), softcap=softcap,
+                sinks=unsupported.sink_logits(kwargs))  # fmt: skip
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from .. import api
+from ..sinks import add_sinks
 from ..reference.masks import normalize_window
 
 DECODE_MAX_QUERIES = 4  # query tokens per row that the decode kernel takes under compile (speculative decoding)
@@ -38,14 +39,15 @@ def _row_ranks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ranks, mask.sum(-1)  # (B, S), (B,)
 
 
-def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softcap, segments=None):
+def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softcap, sinks=None, segments=None):
     """Exact attention over a padded batch (traceable, differentiable, memory ``O(B H S_q S_k)``).
 
     q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, ``key_mask`` ``(B, S_k)`` bool. As in the eager path
     (unpad, run varlen, pad back): the queries are the last ``S_q`` mask columns, each row's real tokens
     are numbered in order, causal and window compare those numbers (bottom-right aligned per row), padded
     query rows give 0. ``segments`` ``(B, S_k)`` (S_q == S_k): packed sequences, keys visible only within
-    the query's segment, numbered from each segment's start.
+    the query's segment, numbered from each segment's start. ``sinks`` ``(H,)``: one more logit per query
+    head in every denominator (:mod:`hf_flashpatch.sinks`).
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
@@ -80,9 +82,16 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-    row_max = scores.amax(-1, keepdim=True).clamp_min(-1e30)  # finite where a row sees no key
+    row_max = scores.amax(-1, keepdim=True)
+    if sinks is not None:
+        sink = sinks.float().view(kv_heads, group)[None, :, :, None, None]  # (1, H_kv, G, 1, 1): head kv * G + g
+        row_max = torch.maximum(row_max, sink)
+    row_max = row_max.clamp_min(-1e30)  # finite where a row sees no key
     probs = torch.exp(scores - row_max)
-    probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-30)  # rows with no key stay 0
+    denominator = probs.sum(-1, keepdim=True)
+    if sinks is not None:
+        denominator = denominator + torch.exp(sink - row_max)
+    probs = probs / denominator.clamp_min(1e-30)  # rows with no key stay 0
     out = torch.matmul(probs, vf)  # (B, H_kv, G, S_q, D)
     out = out.permute(0, 3, 1, 2, 4).reshape(batch, seqlen_q, heads, head_dim)  # (B, S_q, H, D), a view
     return out.to(q.dtype).contiguous()
@@ -114,8 +123,13 @@ def _kernel(q, k, v, attn, differentiable: bool):
     left, right = normalize_window(attn["window"], attn["causal"])
     common = dict(softmax_scale=attn["softmax_scale"], softcap=attn["softcap"], window_left=left, window_right=right)
     if not differentiable and q.shape[1] <= DECODE_MAX_QUERIES and k.shape[1] > 1:
-        return api.decode_op(q, k, v, None, None, **common)
-    return api.attention_op(q, k, v, causal=attn["causal"], **common)
+        return _with_sinks(api.decode_op(q, k, v, None, None, **common), attn)
+    return _with_sinks(api.attention_op(q, k, v, causal=attn["causal"], **common), attn)
+
+
+def _with_sinks(result, attn):
+    """``(out, lse)`` of an op, with the call's sinks folded in (:mod:`hf_flashpatch.sinks`)."""
+    return result if attn.get("sinks") is None else add_sinks(*result, attn["sinks"])
 
 
 def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differentiable: bool):
@@ -127,11 +141,11 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
         max_q = max_q if isinstance(max_q, int) else q.shape[1]  # static upper bounds: they only size the grid
         max_k = max_k if isinstance(max_k, int) else k.shape[1]
         left, right = normalize_window(attn["window"], attn["causal"])
-        out, _ = api.attention_op(
+        out, _ = _with_sinks(api.attention_op(
             q[0], k[0], v[0], cu_seqlens_q=cu_q.int(), cu_seqlens_k=cu_k.int(), max_seqlen_q=max_q,
             max_seqlen_k=max_k, causal=attn["causal"], softmax_scale=attn["softmax_scale"], softcap=attn["softcap"],
             window_left=left, window_right=right,
-        )  # fmt: skip
+        ), attn)  # fmt: skip
         return out[None]  # (1, T_q, H, D)
     if attention_mask is None:
         if position_ids is not None and batch == 1 and seqlen_q == seqlen_k > 1 and position_ids.dim() == 2:
@@ -150,10 +164,10 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
     if not differentiable and seqlen_q <= DECODE_MAX_QUERIES:
         starts, ends = _key_range(key_mask)
         left, right = normalize_window(attn["window"], attn["causal"])
-        out, _ = api.decode_op(
+        out, _ = _with_sinks(api.decode_op(
             q, k, v, ends, starts, softmax_scale=attn["softmax_scale"], softcap=attn["softcap"], window_left=left,
             window_right=right,
-        )  # fmt: skip
+        ), attn)  # fmt: skip
         return out
     return torch.cond(
         key_mask.all(),

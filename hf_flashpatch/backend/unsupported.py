@@ -6,8 +6,9 @@ refuse the model), :func:`attention_forward <hf_flashpatch.backend.attention.att
 which warns once per reason and runs what the model would run under ``attn_implementation="sdpa"`` or
 ``"eager"``. The reasons, in the order they are checked:
 
-- ``attention sinks``: ``s_aux`` / ``sinks`` (gpt-oss, granite-swa, MiMo-V2): a learned logit per head
-  that joins the softmax denominator. -> the model's own ``eager_attention_forward``, which reads them.
+- ``attention sinks``: ``s_aux`` / ``sinks`` of a shape other than one logit per query head ``(H,)``
+  (the kernel path serves those: :mod:`hf_flashpatch.sinks`). -> the model's own
+  ``eager_attention_forward``, which reads them.
 - ``unknown keyword``: a keyword with a value that the kernels neither implement nor know to be
   bookkeeping (e.g. the ``indices`` of DeepSeek sparse attention). Ignoring it could change the answer.
   -> the model's own eager function, which defines what the keyword means.
@@ -87,13 +88,22 @@ def _unknown_kwargs(kwargs: dict) -> list[str]:
     )  # fmt: skip
 
 
+def sink_logits(kwargs: dict) -> torch.Tensor | None:
+    """The attention sinks a model passes (``s_aux``, GPT-OSS; or ``sinks``), or None."""
+    for name in _SINK_KWARGS:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
 def fallback_reason(query, key, value, attention_mask, kwargs: dict) -> str | None:
     """The reason (one of the module constants) the kernels cannot serve this call, or None if they can.
 
     query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D | D_v)`` as transformers passes them; ``kwargs``
     is what the attention function received besides them.
     """
-    if any(kwargs.get(name) is not None for name in _SINK_KWARGS):
+    sinks = sink_logits(kwargs)
+    if sinks is not None and (tuple(sinks.shape) != (query.shape[1],) or not sinks.is_floating_point()):
         return SINKS
     if _unknown_kwargs(kwargs):
         return UNKNOWN_KWARG

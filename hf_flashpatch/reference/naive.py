@@ -26,8 +26,11 @@ def attention_reference(
     window=None,
     softcap: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Naive fp32 attention. ``key_padding_mask``: optional bool ``(B, S_k)``, True = real key."""
+    """Naive fp32 attention. ``key_padding_mask``: optional bool ``(B, S_k)``, True = real key. ``sinks``:
+    optional ``(H,)``, one extra logit per query head in every row's softmax, with no value (GPT-OSS);
+    the lse includes it."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
     group = heads // kv_heads
@@ -45,6 +48,10 @@ def attention_reference(
     if key_padding_mask is not None:
         visible = visible & key_padding_mask.bool()[:, None, None, :]  # (B, 1, S_q, S_k)
     scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # one more column in the softmax: the sink's logit, whose value row is zero
+        sink_column = sinks.to(acc)[None, :, None, None].expand(batch, heads, seqlen_q, 1)  # (B, H, S_q, 1)
+        scores = torch.cat([scores, sink_column], dim=-1)  # (B, H, S_q, S_k + 1)
+        vf = torch.cat([vf, vf.new_zeros(batch, heads, 1, head_dim)], dim=2)  # (B, H, S_k + 1, D)
     lse = torch.logsumexp(scores, dim=-1)  # (B, H, S_q)
     # Rows with no visible key: lse = -inf is clamped to the lowest finite value, so exp(-inf - min)
     # = 0 and they give zeros, while a NaN score still gives NaN.
