@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from real_model import require_smollm2
 from test_convert import tiny_model
 from transformers import AutoConfig, PreTrainedModel
 
@@ -283,13 +284,7 @@ def test_recover_leaves_a_live_writers_folder_alone(tmp_path):
 def test_external_sigkill_while_reconverting_smollm2(tmp_path):
     """The issue's reproduction on the real model: re-converting SmolLM2 over a valid conversion and
     killed from outside while the weights are being written. The destination still loads as before."""
-    pytest.importorskip("gguf")
-    from hf_flashpatch.models import smollm2_dir
-
-    try:
-        smollm2_dir()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    require_smollm2()
     dst = tmp_path / "smollm2_mqa"
     assert main(["smollm2", str(dst), "--kv-heads", "3"]) == 0  # identity conversion: a valid DST
     before = snapshot(dst)

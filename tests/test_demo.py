@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from real_model import require_smollm2
 
 import hf_flashpatch.api
 from hf_flashpatch.demo import FP32_ATOL, main
@@ -69,13 +70,7 @@ def test_demo_reports_a_missing_model(capsys):
 
 @pytest.mark.slow
 def test_demo_on_smollm2_cpu(capsys):
-    pytest.importorskip("gguf")
-    from hf_flashpatch.models import smollm2_dir
-
-    try:
-        smollm2_dir()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    require_smollm2()
     status = main(["--device", "cpu", "--dtype", "float32", "--max-new-tokens", "4",
                    "--prompt", "The capital of France is", "--prompt", "Once upon a time, in a small village, there"])
     out = capsys.readouterr().out

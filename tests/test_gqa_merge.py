@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from real_model import require_smollm2
 from test_convert import ARCHITECTURES, logits, tiny_model
 
 from hf_flashpatch.convert import convert_to_gqa, expand_kv_heads
@@ -246,14 +247,9 @@ def test_calibration_without_a_tokenizer_uses_few_random_ids():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    pytest.importorskip("gguf")
-    pytest.importorskip("gensim")
-    from hf_flashpatch.models import load_model_and_tokenizer, smollm2_dir
+    require_smollm2("gensim")
+    from hf_flashpatch.models import load_model_and_tokenizer
 
-    try:
-        smollm2_dir()
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
     return load_model_and_tokenizer(None, attn_implementation="sdpa")
 
 

@@ -15,20 +15,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from real_model import require_smollm2
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_mqa_mean_beats_random_and_uptraining_helps(tmp_path):
-    pytest.importorskip("gguf")
-    pytest.importorskip("gensim")
-    from hf_flashpatch.models import smollm2_dir
-
-    try:
-        smollm2_dir()
-    except FileNotFoundError as missing:
-        pytest.skip(str(missing))
+    require_smollm2("gensim")
     out = tmp_path / "quality"
     env = os.environ | {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                         "TOKENIZERS_PARALLELISM": "false"}

@@ -235,10 +235,14 @@ def _primary_context(device_index: int):
         return ctx
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # CUDA builds of torch
+
+
 def _current_raw_stream(device_index: int) -> int:
     """The handle of torch's current stream (what inductor's launchers read; one C call, no Stream object)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
+    if _raw_stream is not None:
+        return _raw_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 class _InContext:
