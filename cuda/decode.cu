@@ -357,35 +357,12 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 
 }  // namespace hfp
 
-// Flat argument list (PyCUDA passes scalars and pointers, not structs); the Python launcher in
-// hf_flashpatch/kernels/decode.py builds the same list in the same order.
-#define HFP_DECODE_ARGS                                                                                   \
-  const Elem *q, long long q_sb, long long q_ss, long long q_sh, const int *cu_q, int seqlen_q,          \
-      const Elem *k, const Elem *v, long long ks0, long long ks1, long long ks2, long long vs0,           \
-      long long vs1, long long vs2, const int *seqlens, const int *key_starts, int default_seqlen,         \
-      const void *index, long long index_stride, int page_size, const int *cu_k, int kv_rows, Elem *out,  \
-      long long out_sb, long long out_ss, long long out_sh, float *lse, long long lse_sb, long long lse_sh, \
-      long long lse_ss,                                                                                   \
-      float *o_part, float *lse_part, int batch, int heads, int kv_heads, int num_splits, int row_tiles,  \
-      int total_q, float score_mul, float softcap_mul, int window_left, int window_right
-
-#define HFP_DECODE_PARAMS                                                                                 \
-  DecodeParams p{q, q_sb, q_ss, q_sh, cu_q, seqlen_q,                                                    \
-                 KvAddressT<Elem>{k, v, ks0, ks1, ks2, vs0, vs1, vs2, seqlens, key_starts, default_seqlen, index,    \
-                                  index_stride, page_size, cu_k, kv_rows},                                        \
-                 out, out_sb, out_ss, out_sh, lse, lse_sb, lse_sh, lse_ss, o_part, lse_part, batch, heads, \
-                 kv_heads, num_splits, row_tiles, total_q, score_mul, softcap_mul, window_left, window_right}
-
-using hfp::Elem;
-using hfp::DecodeParams;
-using hfp::KvAddressT;
-
-extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32) hfp_decode_split(HFP_DECODE_ARGS) {
-  HFP_DECODE_PARAMS;
+// Both kernels take the one parameter struct (cuda/decode_common.cuh; hf_flashpatch/kernels/decode.py
+// packs one buffer for the pair).
+extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32) hfp_decode_split(const __grid_constant__ hfp::DecodeParams p) {
   hfp::decode_split(p);
 }
 
-extern "C" __global__ void __launch_bounds__(128) hfp_decode_combine(HFP_DECODE_ARGS) {
-  HFP_DECODE_PARAMS;
+extern "C" __global__ void __launch_bounds__(128) hfp_decode_combine(const __grid_constant__ hfp::DecodeParams p) {
   hfp::decode_combine(p);
 }

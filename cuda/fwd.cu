@@ -50,7 +50,7 @@ __device__ __forceinline__ int fresh_thread_index() {
   return index;
 }
 
-extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(HFP_FWD_PARAMS) {
+extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(const __grid_constant__ hfp::fwd::FwdParams p) {
   using namespace hfp;
   using namespace hfp::fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -67,19 +67,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
 
   // ---- sequence bounds (varlen: token offsets from cu_seqlens, batch strides unused)
-  const SequenceSpan span = sequence_span(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k, total_q, total_k);
+  const SequenceSpan span = sequence_span(p, batch);
   const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
-  seqlen_q = span.seqlen_q;
-  seqlen_k = span.seqlen_k;
+  const int seqlen_q = span.seqlen_q, seqlen_k = span.seqlen_k, group = p.group;
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * BLOCK_M;
   if (p0 >= packed_rows) return;
   // bottom-right alignment: query i sits at key i + seqlen_k - seqlen_q
-  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, p.window_left, p.window_right);
 
-  const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
-  const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
-  const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+  const Elem* q_base = p.q + batch * p.q_batch_stride + q_token0 * p.q_seq_stride + (int64_t)kv_head * group * p.q_head_stride;
+  const Elem* k_base = p.k + batch * p.k_batch_stride + k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
+  const Elem* v_base = p.v + batch * p.v_batch_stride + k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
 
   // ---- key tiles this query tile can see: the union of its rows' visible ranges
   const KeyTiles tiles = visible_key_tiles<kWindowed, BLOCK_M, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
@@ -90,13 +89,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   const int warp_row0 = warp * 16 * kMT;
 
   // ---- prologue: Q and the first KV_STAGES - 1 key tiles in flight
-  load_q_tile<HEAD_DIM, BLOCK_M, kThreads>(smem_q, q_base, q_seq_stride, q_head_stride, p0, packed_rows, group, tid);
+  load_q_tile<HEAD_DIM, BLOCK_M, kThreads>(smem_q, q_base, p.q_seq_stride, p.q_head_stride, p0, packed_rows, group, tid);
 #pragma unroll
   for (int s = 0; s < KV_STAGES - 1; ++s) {
     if (s < num_tiles) {
       const int key0 = (n_block_max - 1 - s) * BLOCK_N;
-      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + s * kKVTileElems, k_base, k_seq_stride, key0, seqlen_k, tid);
-      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + s * kKVTileElems, v_base, v_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + s * kKVTileElems, k_base, p.k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + s * kKVTileElems, v_base, p.v_seq_stride, key0, seqlen_k, tid);
     }
     cp_async_commit();  // one group per stage, empty or not, so the wait counts stay uniform
   }
@@ -120,9 +119,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       if (ahead < num_tiles) {
         const int slot = ahead % KV_STAGES;
         const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
-        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, k_base, k_seq_stride, ahead_key0,
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, k_base, p.k_seq_stride, ahead_key0,
                                                   seqlen_k, tid);
-        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, v_base, v_seq_stride, ahead_key0,
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, v_base, p.v_seq_stride, ahead_key0,
                                                   seqlen_k, tid);
       }
       cp_async_commit();
@@ -149,10 +148,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 #endif
 
     // ---- soft-cap, mask, online softmax
-    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
     if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
       apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
-    softmax.update(scores, acc_o, scale_log2);
+    softmax.update(scores, acc_o, p.scale_log2);
 
     // ---- O += P V, P taken straight from the score accumulators
     gemm_pv<kBf16, HEAD_DIM>(acc_o, scores, tile_v, lane);
@@ -160,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory, 16-byte coalesced stores
   float inv_sum[kMT][2], row_lse[kMT][2];
-  softmax.finalize(inv_sum, row_lse, scale_log2);
+  softmax.finalize(inv_sum, row_lse, p.scale_log2);
   cp_async_wait<0>();
   __syncthreads();  // every warp is done reading Q / K / V shared memory
   Elem* smem_o = smem_q;
@@ -179,13 +178,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       if (t == 0 && packed < packed_rows) {
         const int pos = group == 1 ? packed : packed / group;
         const int head = kv_head * group + (packed - pos * group);
-        lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[mt][h];
+        p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + q_token0 + pos] = row_lse[mt][h];
       }
     }
   __syncthreads();
-  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
+  Elem* o_base = p.out + batch * p.o_batch_stride + q_token0 * p.o_seq_stride + (int64_t)kv_head * group * p.o_head_stride;
   // The store walks chunks exactly as the Q load did; a fresh read of the thread index stops the
   // compiler from keeping the load's addresses alive (and spilled) across the key loop.
-  store_o_tile<HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+  store_o_tile<HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
                                             fresh_thread_index());
 }

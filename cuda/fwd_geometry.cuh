@@ -1,5 +1,5 @@
 // hf_flashpatch forward: what every forward body (fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu) shares before
-// its main loop: the element type, the kernel parameter list, the rows of the sequence a CTA works on,
+// its main loop: the element type, the kernel parameters, the rows of the sequence a CTA works on,
 // and the key tiles one query tile can see. Layout: q (B, S_q, H, D), k/v (B, S_k, H_kv, D); varlen
 // packs sequences along the token dim (batch strides unused) with cu_seqlens (num_seqs + 1,).
 #pragma once
@@ -16,18 +16,32 @@ using Traits = hfp::ElemTraits<ELEM_BF16 != 0>;
 using Elem = Traits::T;
 }  // namespace
 
-// The forward kernels' parameters (hf_flashpatch/kernels/sources.py reads the launch's letters from here).
-#define HFP_FWD_PARAMS                                                                                            \
-  const Elem *__restrict__ q, const Elem *__restrict__ k, const Elem *__restrict__ v, Elem *__restrict__ out,   \
-      float *__restrict__ lse, const int *__restrict__ cu_seqlens_q, const int *__restrict__ cu_seqlens_k,        \
-      int64_t q_batch_stride, int64_t q_seq_stride, int64_t q_head_stride, int64_t k_batch_stride,              \
-      int64_t k_seq_stride, int64_t k_head_stride, int64_t v_batch_stride, int64_t v_seq_stride,                \
-      int64_t v_head_stride, int64_t o_batch_stride, int64_t o_seq_stride, int64_t o_head_stride,               \
-      int64_t lse_batch_stride, int64_t lse_head_stride, int seqlen_q, int seqlen_k, int group, int window_left, \
-      int window_right, float scale_log2, float softcap_pre_scale, int total_q, int total_k
-
 namespace hfp {
 namespace fwd {
+
+// The forward kernels' parameters, passed as one __grid_constant__ struct (read in place from the
+// kernel's parameter space). hf_flashpatch/kernels/sources.py reads the launch's packing from this
+// declaration (fields in launch order; one type per declaration, no nested pointers).
+struct FwdParams {
+  const Elem* __restrict__ q;       // (B, S_q, H, D), varlen (T_q, H, D)
+  const Elem* __restrict__ k;       // (B, S_k, H_kv, D), varlen (T_k, H_kv, D)
+  const Elem* __restrict__ v;       // like k
+  Elem* __restrict__ out;           // like q
+  float* __restrict__ lse;          // (B, H, S_q), varlen (H, T_q)
+  const int* __restrict__ cu_seqlens_q;  // varlen: (N + 1,); nullptr when batched
+  const int* __restrict__ cu_seqlens_k;
+  int64_t q_batch_stride, q_seq_stride, q_head_stride;  // in elements
+  int64_t k_batch_stride, k_seq_stride, k_head_stride;
+  int64_t v_batch_stride, v_seq_stride, v_head_stride;
+  int64_t o_batch_stride, o_seq_stride, o_head_stride;
+  int64_t lse_batch_stride, lse_head_stride;
+  int seqlen_q, seqlen_k;  // batched: the lengths; varlen: the longest sequence (sizes the grid)
+  int group;               // query heads per KV head
+  int window_left, window_right;  // folded window (hf_flashpatch/kernels/__init__.py fold_window)
+  float scale_log2;         // softmax scale * log2(e), or its soft-capped form (fold_scores)
+  float softcap_pre_scale;  // 0: no soft-cap
+  int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
+};
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
 // from cu_seqlens, clamped into the total_q / total_k rows passed (packed_span); batched: the
@@ -37,12 +51,11 @@ struct SequenceSpan {
   int seqlen_q, seqlen_k;
 };
 
-__device__ __forceinline__ SequenceSpan sequence_span(const int* cu_seqlens_q, const int* cu_seqlens_k, int batch,
-                                                      int seqlen_q, int seqlen_k, int total_q, int total_k) {
-  SequenceSpan span{0, 0, seqlen_q, seqlen_k};
-  if (cu_seqlens_q != nullptr) {
-    const int2 span_q = packed_span(cu_seqlens_q, batch, total_q);
-    const int2 span_k = packed_span(cu_seqlens_k, batch, total_k);
+__device__ __forceinline__ SequenceSpan sequence_span(const FwdParams& p, int batch) {
+  SequenceSpan span{0, 0, p.seqlen_q, p.seqlen_k};
+  if (p.cu_seqlens_q != nullptr) {
+    const int2 span_q = packed_span(p.cu_seqlens_q, batch, p.total_q);
+    const int2 span_k = packed_span(p.cu_seqlens_k, batch, p.total_k);
     span.q_token0 = span_q.x;
     span.k_token0 = span_k.x;
     span.seqlen_q = span_q.y;

@@ -26,7 +26,7 @@ constexpr int kLookahead = KV_STAGES - 1;
 static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into");
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(HFP_FWD_PARAMS) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(const __grid_constant__ hfp::fwd::FwdParams p) {
   using namespace hfp;
   using namespace hfp::fwd;
   using namespace hfp::sm90;
@@ -43,18 +43,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
 
   // ---- sequence bounds (varlen: token offsets from cu_seqlens, batch strides unused)
-  const SequenceSpan span = sequence_span(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k, total_q, total_k);
+  const SequenceSpan span = sequence_span(p, batch);
   const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
-  seqlen_q = span.seqlen_q;
-  seqlen_k = span.seqlen_k;
+  const int seqlen_q = span.seqlen_q, seqlen_k = span.seqlen_k, group = p.group;
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * kBlockM;
   if (p0 >= packed_rows) return;
-  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, p.window_left, p.window_right);
 
-  const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
-  const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
-  const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+  const Elem* q_base = p.q + batch * p.q_batch_stride + q_token0 * p.q_seq_stride + (int64_t)kv_head * group * p.q_head_stride;
+  const Elem* k_base = p.k + batch * p.k_batch_stride + k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
+  const Elem* v_base = p.v + batch * p.v_batch_stride + k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
 
   // ---- key tiles this query tile can see (as in fwd.cu)
   const KeyTiles tiles = visible_key_tiles<kWindowed, kBlockM, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
@@ -68,15 +67,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   // ---- prologue: Q and the first kLookahead key tiles in flight
   for_each_packed_chunk<HEAD_DIM, kBlockM, kThreads>(
       tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-        const Elem* src = q_base + (valid ? pos * q_seq_stride + head * q_head_stride + col : 0);
+        const Elem* src = q_base + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
         cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src, valid);
       });
 #pragma unroll
   for (int s = 0; s < kLookahead; ++s) {
     if (s < num_tiles) {
       const int key0 = (n_block_max - 1 - s) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(k_ring + s * kKVBytes, k_base, k_seq_stride, key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(v_ring + s * kKVBytes, v_base, v_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(k_ring + s * kKVBytes, k_base, p.k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(v_ring + s * kKVBytes, v_base, p.v_seq_stride, key0, seqlen_k, tid);
     }
     cp_async_commit();
   }
@@ -100,8 +99,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     if (ahead < num_tiles) {
       const int slot = ahead % KV_STAGES;
       const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(k_ring + slot * kKVBytes, k_base, k_seq_stride, ahead_key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(v_ring + slot * kKVBytes, v_base, v_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(k_ring + slot * kKVBytes, k_base, p.k_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(v_ring + slot * kKVBytes, v_base, p.v_seq_stride, ahead_key0, seqlen_k, tid);
     }
     cp_async_commit();
   };
@@ -109,10 +108,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   float correction[1][2];
   auto exponentiate_tile = [&](int i) -> bool {
     const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
     if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
       apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
-    return softmax.exponentiate(scores, correction, scale_log2);
+    return softmax.exponentiate(scores, correction, p.scale_log2);
   };
   // A wgmma that reads P from registers reads them after its issue: the compiler, which sees the asm
   // consume them at issue, must not reuse those registers until the product retired.
@@ -152,14 +151,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
   float inv_sum[1][2], row_lse[1][2];
-  softmax.finalize(inv_sum, row_lse, scale_log2);
+  softmax.finalize(inv_sum, row_lse, p.scale_log2);
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done reading Q / K / V shared memory
   Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, lse,
-                    lse_batch_stride, lse_head_stride, q_token0);
+  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, p.lse,
+                    p.lse_batch_stride, p.lse_head_stride, q_token0);
   __syncthreads();
-  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
-  store_o_tile<HEAD_DIM, kBlockM, kThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+  Elem* o_base = p.out + batch * p.o_batch_stride + q_token0 * p.o_seq_stride + (int64_t)kv_head * group * p.o_head_stride;
+  store_o_tile<HEAD_DIM, kBlockM, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
                                             fresh_thread_index());
 }

@@ -39,7 +39,7 @@ static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring sta
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(HFP_FWD_PARAMS) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   using namespace hfp;
   using namespace hfp::fwd;
   using namespace hfp::sm90;
@@ -55,14 +55,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
 
   // ---- sequence bounds and visible key tiles (as in fwd_hopper.cu), computed by every warp
-  const SequenceSpan span = sequence_span(cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k, total_q, total_k);
+  const SequenceSpan span = sequence_span(p, batch);
   const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
-  seqlen_q = span.seqlen_q;
-  seqlen_k = span.seqlen_k;
+  const int seqlen_q = span.seqlen_q, seqlen_k = span.seqlen_k, group = p.group;
   const int packed_rows = seqlen_q * group;
   const int p0 = m_block * kBlockM;
   if (p0 >= packed_rows) return;  // the whole CTA, before any barrier
-  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, window_left, window_right);
+  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, p.window_left, p.window_right);
   const KeyTiles tiles = visible_key_tiles<kWindowed, kBlockM, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
   const int mask_lo = tiles.mask_lo, mask_hi = tiles.mask_hi;
   const int n_block_max = tiles.n_block_max, num_tiles = tiles.num_tiles;
@@ -79,12 +78,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
-    const Elem* q_base = q + batch * q_batch_stride + q_token0 * q_seq_stride + (int64_t)kv_head * group * q_head_stride;
-    const Elem* k_base = k + batch * k_batch_stride + k_token0 * k_seq_stride + kv_head * k_head_stride;
-    const Elem* v_base = v + batch * v_batch_stride + k_token0 * v_seq_stride + kv_head * v_head_stride;
+    const Elem* q_base = p.q + batch * p.q_batch_stride + q_token0 * p.q_seq_stride + (int64_t)kv_head * group * p.q_head_stride;
+    const Elem* k_base = p.k + batch * p.k_batch_stride + k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
+    const Elem* v_base = p.v + batch * p.v_batch_stride + k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
     for_each_packed_chunk<HEAD_DIM, kBlockM, kProducerThreads>(
         tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-          const Elem* src = q_base + (valid ? pos * q_seq_stride + head * q_head_stride + col : 0);
+          const Elem* src = q_base + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
           cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src,
                       valid);
         });
@@ -94,8 +93,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         const int slot = i % KV_STAGES;
         if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
         const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-        load_kv_tile_sw128<kProducerThreads, 2>(k_ring + slot * kKVBytes, k_base, k_seq_stride, key0, seqlen_k, tid);
-        load_kv_tile_sw128<kProducerThreads, 2>(v_ring + slot * kKVBytes, v_base, v_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<kProducerThreads, 2>(k_ring + slot * kKVBytes, k_base, p.k_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<kProducerThreads, 2>(v_ring + slot * kKVBytes, v_base, p.v_seq_stride, key0, seqlen_k, tid);
       }
       cp_async_commit();  // one group per tile, empty or not, so the wait counts stay uniform
     };
@@ -143,10 +142,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     wgmma_wait<0>();
     fence_operands(s_flat);
 
-    if (softcap_pre_scale != 0.f) apply_softcap(scores, softcap_pre_scale);
+    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
     if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
       apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
-    softmax.rescale(acc_o, correction, softmax.exponentiate(scores, correction, scale_log2));
+    softmax.rescale(acc_o, correction, softmax.exponentiate(scores, correction, p.scale_log2));
     pack_probabilities(probs, scores);
 
     fence_operands(o_flat);
@@ -163,13 +162,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
   float inv_sum[1][2], row_lse[1][2];
-  softmax.finalize(inv_sum, row_lse, scale_log2);
+  softmax.finalize(inv_sum, row_lse, p.scale_log2);
   named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
   Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, lse,
-                    lse_batch_stride, lse_head_stride, q_token0);
+  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, p.lse,
+                    p.lse_batch_stride, p.lse_head_stride, q_token0);
   named_barrier_sync(kMathBarrier, kMathThreads);
-  Elem* o_base = out + batch * o_batch_stride + q_token0 * o_seq_stride + (int64_t)kv_head * group * o_head_stride;
-  store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, o_seq_stride, o_head_stride, p0, packed_rows, group,
+  Elem* o_base = p.out + batch * p.o_batch_stride + q_token0 * p.o_seq_stride + (int64_t)kv_head * group * p.o_head_stride;
+  store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
                                                 fresh_thread_index() - kProducerThreads);
 }

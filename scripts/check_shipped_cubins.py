@@ -5,13 +5,16 @@
     git archive kernel-variants-before-contract | tar -x -C /tmp/old              # another checkout's:
     python scripts/check_shipped_cubins.py --root /tmp/old --write old.json
 
-``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 (every sm_90a entry
-byte-identical to the tag ``kernel-variants-before-contract``; the sm_80 backward entries, which did not
-build before ``atomic_add_f32x2``, are new); a change that must not alter the kernels compares against
-it, a change that alters them on purpose (verified on a GPU) rewrites it.
+``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 for the kernels as they ship now
+(parameter structs; the tag ``kernel-variants-before-contract`` and the flat-list commits before them
+have other cubins). Each entry holds the cubin's sha256 and, where ``cuobjdump`` is on PATH (Triton's
+wheel carries one in ``triton/backends/nvidia/bin/``), the sha256 of its SASS. Comparing prefers the SASS:
+equal machine code passes even where the cubin's metadata differs. A change that must not alter the
+kernels compares against the manifest; a change that alters them on purpose (verified on a GPU) rewrites
+it.
 
 A kernel-layer refactor that must not change what runs (deleting unshipped variants, moving the tile
-choice) is proven harmless on the CPU by byte-identical cubins for every problem the default dispatch
+choice) is proven harmless on the CPU by identical cubins (or SASS) for every problem the default dispatch
 serves: forward (dtype x head dim x masking), backward (dtype x head dim x softcap x deterministic),
 decode (dtype x head dim x addressing x softcap) and kv_append, on sm_90a (the Hopper bodies) and on
 sm_80 (the portable mma.sync bodies). Entries are keyed by the problem, not by the build's ``-D``
@@ -30,6 +33,8 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -107,16 +112,33 @@ def _nvcc_version() -> str:
     return build.nvcc_version(nvcc).splitlines()[-1]
 
 
-def _digest(kernel_build) -> str:
-    """The cubin's sha256, or ``nvcc failed`` (a build that does not compile is recorded, not fatal: the
-    dispatch then serves the problem with the torch fallback, and a change must not alter that either)."""
+def _sass_digest(cubin: bytes) -> str | None:
+    """sha256 of the cubin's disassembled machine code (``cuobjdump -sass``), None without cuobjdump. Two
+    cubins with equal SASS run the same instructions on the same parameter offsets; what can still differ
+    is metadata, e.g. a parameter list declared as one ``__grid_constant__`` struct of the same layout."""
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([cuobjdump, "-sass", f.name], check=True, capture_output=True).stdout
+    return hashlib.sha256(sass).hexdigest()
+
+
+def _digest(kernel_build) -> dict:
+    """The cubin's sha256 (and its SASS's, see :func:`_sass_digest`), or ``nvcc failed`` (a build that does
+    not compile is recorded, not fatal: the dispatch then serves the problem with the torch fallback, and a
+    change must not alter that either)."""
     from hf_flashpatch.errors import KernelUnsupported
     from hf_flashpatch.kernels import build
 
     try:
-        return hashlib.sha256(build.compile_cubin(kernel_build)[0]).hexdigest()
+        cubin = build.compile_cubin(kernel_build)[0]
     except KernelUnsupported:
-        return "nvcc failed"
+        return {"sha256": "nvcc failed"}
+    sass = _sass_digest(cubin)
+    return {"sha256": hashlib.sha256(cubin).hexdigest(), **({"sass": sass} if sass else {})}
 
 
 def manifest(jobs: int) -> dict:
@@ -133,7 +155,7 @@ def manifest(jobs: int) -> dict:
         "nvcc": _nvcc_version(),
         "distinct_builds": len(distinct),
         "builds": {
-            key: {"sha256": digests[b], "source": b.source, "defines": " ".join(f"{n}={v}" for n, v in b.defines)}
+            key: {**digests[b], "source": b.source, "defines": " ".join(f"{n}={v}" for n, v in b.defines)}
             for key, b in sorted(builds.items())
         },
     }
@@ -148,9 +170,19 @@ def compare(old: dict, new: dict) -> list[str]:
         a, b = old["builds"].get(key), new["builds"].get(key)
         if a is None or b is None:
             lines.append(f"{key}: only in the {'new' if a is None else 'old'} manifest")
+        elif "sass" in a and "sass" in b:  # same machine code is the claim; metadata may differ
+            if a["sass"] != b["sass"]:
+                lines.append(f"{key}: SASS changed ({a['source']} {a['defines']} -> {b['source']} {b['defines']})")
         elif a["sha256"] != b["sha256"]:
             lines.append(f"{key}: cubin changed ({a['source']} {a['defines']} -> {b['source']} {b['defines']})")
     return lines
+
+
+def metadata_only(old: dict, new: dict) -> list[str]:
+    """Problems whose SASS is equal but whose cubin bytes are not (parameter metadata, section layout)."""
+    return sorted(key for key in set(old["builds"]) & set(new["builds"])
+                  if old["builds"][key].get("sass") and old["builds"][key].get("sass") == new["builds"][key].get("sass")
+                  and old["builds"][key]["sha256"] != new["builds"][key]["sha256"])  # fmt: skip
 
 
 def main(argv=None) -> int:
@@ -178,10 +210,14 @@ def main(argv=None) -> int:
         print(f"wrote {args.write}")
     if not args.compare:
         return 0
-    differences = compare(json.loads(Path(args.compare).read_text()), new)
+    old = json.loads(Path(args.compare).read_text())
+    differences = compare(old, new)
     for line in differences:
         print(line)
-    print("byte-identical" if not differences else f"{len(differences)} differences")
+    same_code = metadata_only(old, new)
+    if same_code:
+        print(f"{len(same_code)} problems with identical SASS but other cubin bytes (metadata only)")
+    print(("byte-identical" if not same_code else "SASS-identical") if not differences else f"{len(differences)} differences")
     sys.stdout.flush()
     return 1 if differences else 0
 

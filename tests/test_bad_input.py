@@ -4,6 +4,7 @@ varlen (total, heads, head_dim). The CUDA side of the same contracts: tests/gpu/
 
 import math
 import re
+from pathlib import Path
 import subprocess
 
 import pytest
@@ -308,28 +309,61 @@ def test_empty_batch_gives_empty_results():
 # --------------------------------------------------------------------------- kernel arguments
 
 
-def _ptx_params(build, entries):
-    """The parameter types of each entry of ``build`` as nvcc's PTX declares them."""
+def _compile(build, source_text: str, suffix: str) -> str:
+    """PTX of ``source_text`` (written next to nothing: it includes cuda/ headers) under ``build``'s flags."""
     from hf_flashpatch.kernels.build import find_nvcc
 
-    nvcc = find_nvcc()
-    out = f"/tmp/hfp_args_{abs(hash(build))}.ptx"
-    command = [("-ptx" if a == "-cubin" else a) for a in build.nvcc_command(nvcc, out)]
+    tag = f"/tmp/hfp_args_{abs(hash((build, source_text)))}{suffix}"
+    Path(tag + ".cu").write_text(source_text)
+    command = [("-ptx" if a == "-cubin" else a) for a in build.nvcc_command(find_nvcc(), tag + ".ptx")]
+    command[-1] = tag + ".cu"
     subprocess.run(command, check=True, capture_output=True, text=True)
-    ptx = open(out).read()
-    declared = re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx)
-    found = {m.group(1): re.findall(r"\.param \.(\w+)", m.group(2)) for m in declared}
+    return Path(tag + ".ptx").read_text()
+
+
+def _ptx_params(build, entries):
+    """The parameters of each entry of ``build`` as nvcc's PTX declares them: widths, or a struct's
+    ``("struct", bytes)``."""
+    from hf_flashpatch.kernels.sources import cuda_source_dir
+
+    ptx = _compile(build, (cuda_source_dir() / build.source).read_text(), "")
+    found = {}
+    for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx):
+        struct_param = re.fullmatch(r"\s*\.param \.align 8 \.b8 \w+\[(\d+)\]\s*", m.group(2))
+        found[m.group(1)] = ("struct", int(struct_param.group(1))) if struct_param else \
+            re.findall(r"\.param \.(\w+)", m.group(2))  # fmt: skip
     return {name: found[name] for name in entries}
+
+
+def _field_offsets(fmt: str) -> list[int]:
+    """Byte offset of each field of a :mod:`struct` format with ``0q`` / ``0i`` alignment markers."""
+    import struct
+
+    offsets, prefix = [], "@"
+    for token in re.findall(r"0[qi]|[PqiIf]", fmt):
+        if not token.startswith("0"):
+            offsets.append(struct.calcsize(prefix + token) - struct.calcsize("@" + token))
+        prefix += token
+    return offsets
+
+
+_PARAM_STRUCTS = {  # each family's parameter struct: its qualified name and the header that declares it
+    "FwdParams": ("hfp::fwd::FwdParams", "fwd_geometry.cuh"),
+    "DecodeParams": ("hfp::DecodeParams", "decode_common.cuh"),
+}
 
 
 @pytest.mark.skipif(__import__("hf_flashpatch.kernels.build", fromlist=["x"]).find_nvcc() is None,
                     reason="nvcc not found")  # fmt: skip
 def test_kernel_argument_lists_match_the_cuda_signatures():
-    """The argument letters the launches pack, read from each entry's parameter list in cuda/
-    (kernels/sources.py), against what nvcc compiled: one PTX parameter of the same width per letter (P/q =
-    64-bit, i = 32-bit, f = float), or every later argument would land at the wrong offset."""
+    """The argument buffer the launches pack, read from each entry's parameters in cuda/ (kernels/sources.py),
+    against what nvcc compiled: one PTX parameter of the same width per letter (P/q = 64-bit, i = 32-bit,
+    f = float), or, for a parameter struct, its size and every field's offset and width (checked by nvcc),
+    or every later argument would land at the wrong offset."""
+    import struct
+
     from hf_flashpatch.kernels import backward, decode, forward
-    from hf_flashpatch.kernels.sources import kernel_signature
+    from hf_flashpatch.kernels.sources import cuda_source_dir, kernel_signature
 
     width = {"P": "u64", "q": "u64", "i": "u32", "f": "f32"}
     cases = [
@@ -345,11 +379,28 @@ def test_kernel_argument_lists_match_the_cuda_signatures():
         if entry not in seen:
             seen.add(entry)
             cases.append((build, (entry,)))
+    structs_checked = set()
     for build, entries in cases:
-        letters = {entry: kernel_signature(build.source, entry).letters for entry in entries}
-        params = _ptx_params(build, letters)
-        for entry in entries:
-            assert [width[c] for c in letters[entry]] == params[entry], f"{build.source}:{entry}"
+        signatures = {entry: kernel_signature(build.source, entry) for entry in entries}
+        params = _ptx_params(build, signatures)
+        for entry, signature in signatures.items():
+            if signature.format == signature.letters:
+                assert [width[c] for c in signature.letters] == params[entry], f"{build.source}:{entry}"
+                continue
+            assert params[entry] == ("struct", struct.calcsize("@" + signature.format)), f"{build.source}:{entry}"
+            family = re.search(entry + r"\s*\(\s*const __grid_constant__ (?:\w+::)*(\w+)",
+                               (cuda_source_dir() / build.source).read_text()).group(1)
+            if family in structs_checked:
+                continue
+            structs_checked.add(family)
+            type_name, header = _PARAM_STRUCTS[family]
+            checks = [f"static_assert(sizeof({type_name}) == {struct.calcsize('@' + signature.format)}, \"size\");"]
+            sizes = [struct.calcsize("@" + letter) for letter in signature.letters]
+            checks += [f"static_assert(offsetof({type_name}, {name}) == {offset} && "
+                       f"sizeof((({type_name}*)nullptr)->{name}) == {size}, \"{name}\");"
+                       for name, offset, size in zip(signature.names, _field_offsets(signature.format), sizes)]  # fmt: skip
+            _compile(build, f'#include <cstddef>\n#include "{header}"\n' + "\n".join(checks) + "\n", "_layout")
+    assert structs_checked == set(_PARAM_STRUCTS)
 
 
 def test_nan_in_k_reaches_the_gradients_as_in_torch():

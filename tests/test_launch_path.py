@@ -25,7 +25,7 @@ _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int32, "I": ctypes.c_uint32, "q":
 def _unloaded_kernel(arg_types: str) -> build.Kernel:
     kernel = object.__new__(build.Kernel)  # no module load: only the packing is under test
     kernel.entry = "test_entry"
-    kernel.set_signature(arg_types)
+    kernel.set_signature(sources.Signature.flat([f"a{i}" for i in range(len(arg_types))], arg_types))
     return kernel
 
 
@@ -61,8 +61,10 @@ def test_every_kernel_parameter_list_is_read_from_the_sources():
         assert len(signature.names) == len(signature.letters) > 0 and len(set(signature.names)) == len(signature.names)
         assert set(signature.letters) <= set("PqiIf") and sources.entry_source(entry) == source
     forward_lists = {sources.kernel_signature(entries[e], e) for e in entries if e.startswith("hfp_attention_forward")}
-    assert len(forward_lists) == 1  # fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu: HFP_FWD_PARAMS
+    assert len(forward_lists) == 1  # fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu: FwdParams
     assert sources.kernel_signature("bwd.cu", "bwd_dkdv") == sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
+    assert sources.kernel_signature("decode.cu", "hfp_decode_split") == sources.kernel_signature(
+        "decode.cu", "hfp_decode_combine")  # DecodeParams
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import kernel_cache
-from .sources import cuda_source_dir, entry_source, kernel_signature
+from .sources import Signature, cuda_source_dir, entry_source, kernel_signature
 
 _log = logging.getLogger(__name__)
 def cache_dir() -> Path:
@@ -259,15 +259,16 @@ class _InContext:
 
 
 class Kernel:
-    """A loaded kernel entry point. Its argument letters come from its parameter list in the CUDA source
-    (:func:`~hf_flashpatch.kernels.sources.kernel_signature`): ``P`` pointer (a tensor, or None for a
-    null pointer), ``i`` int32, ``I`` uint32, ``q`` int64, ``f`` float32. They are a :mod:`struct` format,
-    so the argument buffer is packed in one call with the C ABI's natural alignment, which is how CUDA
-    lays out kernel parameters."""
+    """A loaded kernel entry point. Its argument letters come from its parameters in the CUDA source
+    (:func:`~hf_flashpatch.kernels.sources.kernel_signature`; a ``__grid_constant__`` parameter struct
+    counts as its fields, in order): ``P`` pointer (a tensor, or None for a null pointer), ``i`` int32,
+    ``I`` uint32, ``q`` int64, ``f`` float32. They make a :mod:`struct` format, so the argument buffer is
+    packed in one call with the C ABI's natural alignment, which is how CUDA lays out kernel parameters
+    and struct fields (a struct's padding included)."""
 
     def __init__(self, build: KernelBuild, entry: str, device_index: int):
         self.build, self.entry, self.device_index = build, entry, device_index
-        self.set_signature(kernel_signature(build.source, entry).letters)
+        self.set_signature(kernel_signature(build.source, entry))
         cubin, _ = compile_cubin(build)
         driver = _pycuda()
         with _InContext(device_index):
@@ -279,10 +280,10 @@ class Kernel:
         self._max_shared_set = 48 * 1024
         self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
 
-    def set_signature(self, letters: str) -> None:
-        self.arg_types = letters
-        self.packer = struct.Struct("@" + letters)
-        self.pointer_positions = tuple(i for i, letter in enumerate(letters) if letter == "P")
+    def set_signature(self, signature: Signature) -> None:
+        self.arg_types = signature.letters
+        self.packer = struct.Struct("@" + signature.format)
+        self.pointer_positions = tuple(i for i, letter in enumerate(signature.letters) if letter == "P")
 
     def pack(self, args) -> bytes:
         """The kernel's parameter buffer: tensors as their data pointers, None as a null pointer."""
@@ -345,7 +346,7 @@ def unloaded_kernel(entry: str, source: str | None = None) -> Kernel:
     ``source`` defaults to the ``cuda/`` file that defines ``entry``."""
     kernel = object.__new__(Kernel)
     kernel.build, kernel.entry, kernel.device_index = None, entry, None
-    kernel.set_signature(kernel_signature(source or entry_source(entry), entry).letters)
+    kernel.set_signature(kernel_signature(source or entry_source(entry), entry))
     return kernel
 
 

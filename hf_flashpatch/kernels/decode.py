@@ -155,7 +155,7 @@ def _launch(
         window_right,
     )  # fmt: skip
     tensors = [t for t in (q, cu_q, k, v, seqlens, key_starts, index, cu_k, out, lse, o_part, lse_part) if t is not None]
-    params = plan.split_kernel.pack(args)  # both kernels take HFP_DECODE_ARGS: one buffer
+    params = plan.split_kernel.pack(args)  # both kernels take DecodeParams (cuda/decode_common.cuh): one buffer
     plan.split_kernel.launch(
         (plan.row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), params,
         shared_bytes=plan.config.shared_bytes, tensors=tensors,

@@ -1,11 +1,15 @@
 """The CUDA sources: where they are, and each kernel's parameter list read from them.
 
 The parameter lists are the one declaration of the Python <-> CUDA boundary. Each entry point's
-parameters are written once, in ``cuda/`` (the kernel's own list, or a macro such as ``HFP_FWD_PARAMS``
-that several kernels share); the launch side derives the argument letters that
-:class:`~hf_flashpatch.kernels.build.Kernel` packs from that text, so the two cannot drift apart. Letters
-(a :mod:`struct` format, the C ABI's natural alignment): ``P`` any pointer, ``q`` a 64-bit integer, ``i``
-an ``int``, ``I`` an ``unsigned``, ``f`` a ``float``.
+parameters are written once, in ``cuda/``: the kernel's own list, or, for the attention families, one
+parameter struct that every kernel of the family takes as its only parameter
+(``const __grid_constant__ hfp::fwd::FwdParams p``; ``struct FwdParams { ... };`` in ``fwd_geometry.cuh``).
+The launch side derives the argument letters that :class:`~hf_flashpatch.kernels.build.Kernel` packs
+from that text, so the two cannot drift apart. Letters (a :mod:`struct` format, the C ABI's natural
+alignment, which is also how CUDA lays out kernel parameters and struct fields): ``P`` any pointer,
+``q`` a 64-bit integer, ``i`` an ``int``, ``I`` an ``unsigned``, ``f`` a ``float``. A struct's fields are
+flattened in order (a nested struct's with dotted names), with the padding C puts before a nested struct
+and after the last field.
 """
 
 from __future__ import annotations
@@ -36,10 +40,16 @@ _LETTERS = (  # (pattern on the parameter's type, letter), first match wins
 
 
 class Signature(NamedTuple):
-    """An entry point's parameters, in order: their names and their struct letters."""
+    """An entry point's parameters, in order: their names, their letters (one per parameter) and the
+    :mod:`struct` format that packs them (the letters plus alignment padding of a struct parameter)."""
 
     names: tuple[str, ...]
     letters: str
+    format: str
+
+    @classmethod
+    def flat(cls, names, letters: str) -> "Signature":
+        return cls(tuple(names), letters, letters)
 
 
 def _letter(declaration: str) -> str:
@@ -66,9 +76,69 @@ def _entry_pattern(entry: str) -> re.Pattern:
                       + r"\s*\(")  # fmt: skip
 
 
+_SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4}
+
+
+def _matching_brace(text: str, start: int) -> int:
+    """The index just past the ``}`` that closes the ``{`` at ``start``."""
+    depth, end = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        end += 1
+        if depth == 0:
+            return end
+
+
+@functools.lru_cache(maxsize=1)
+def _structs() -> dict[str, str]:
+    """The data members of every ``struct Name { ... };`` of the CUDA sources, as ``;``-separated
+    declarations: comments, preprocessor lines, member functions and type aliases dropped."""
+    found = {}
+    for path in sorted(cuda_source_dir().glob("*.cu*")):
+        text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", path.read_text().replace("\\\n", " "), flags=re.S)
+        text = re.sub(r"^\s*#.*$", " ", text, flags=re.M)  # preprocessor lines (a struct's layout has none)
+        for head in re.finditer(r"\bstruct\s+(\w+)\s*\{", text):
+            body = text[head.end() : _matching_brace(text, head.end() - 1) - 1]
+            while "{" in body:  # member function bodies -> statement breaks
+                start = body.index("{")
+                body = body[:start] + ";" + body[_matching_brace(body, start):]
+            members = [m for m in body.split(";") if m.strip() and "(" not in m
+                       and not re.match(r"\s*(static|using|typedef|template)\b", m)]  # fmt: skip
+            found[head.group(1)] = ";".join(members)
+    return found
+
+
+def _struct_fields(name: str, prefix: str = "") -> tuple[list[str], str, str, int]:
+    """``(names, letters, format, alignment)`` of struct ``name``'s fields, nested structs flattened."""
+    names, letters, fmt, align, last_type = [], "", "", 1, ""
+    for statement in _structs()[name].split(";"):
+        parts = [" ".join(p.split()) for p in statement.split(",") if p.strip()]
+        if not parts:
+            continue
+        first_name = re.search(r"(\w+)\s*$", parts[0]).group(1)
+        field_type = parts[0][: -len(first_name)].strip()  # "const int*", "int64_t", "KvAddressT<Elem>"
+        for part in parts:
+            field = re.search(r"(\w+)\s*$", part).group(1)
+            nested = re.fullmatch(r"(?:hfp::)?(\w+)(?:<\w+>)?", field_type)
+            if nested and nested.group(1) in _structs():
+                n, l, f, a = _struct_fields(nested.group(1), f"{prefix}{field}.")
+                names += n
+                letters += l
+                fmt += ("0q" if a == 8 else "0i") + f  # C aligns a nested struct to its widest field
+                align = max(align, a)
+            else:
+                letter = _letter(field_type + " " + part[: -len(field)])
+                names.append(prefix + field)
+                letters += letter
+                fmt += letter
+                align = max(align, _SIZES[letter])
+    return names, letters, fmt + ("0q" if align == 8 else "0i"), align  # tail padding to the alignment
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_signature(source: str, entry: str) -> Signature:
-    """The parameters of ``extern "C"`` kernel ``entry`` in ``cuda/<source>``, a shared macro expanded."""
+    """The parameters of ``extern "C"`` kernel ``entry`` in ``cuda/<source>``: a shared macro expanded, a
+    ``__grid_constant__`` struct parameter flattened into its fields."""
     text = (cuda_source_dir() / source).read_text()
     found = _entry_pattern(entry).search(text)
     if found is None:
@@ -81,8 +151,12 @@ def kernel_signature(source: str, entry: str) -> Signature:
     if re.fullmatch(r"\w+", params):  # the whole list is a shared macro
         params = " ".join(_macros()[params].split())
     declarations = [d.strip() for d in params.split(",") if d.strip()]
+    struct_param = re.fullmatch(r"const\s+__grid_constant__\s+(?:\w+::)*(\w+)\s+\w+", declarations[0])
+    if len(declarations) == 1 and struct_param:
+        names, letters, fmt, _ = _struct_fields(struct_param.group(1))
+        return Signature(tuple(names), letters, fmt)
     names = tuple(re.search(r"(\w+)\s*$", d).group(1) for d in declarations)
-    return Signature(names, "".join(_letter(d) for d in declarations))
+    return Signature.flat(names, "".join(_letter(d) for d in declarations))
 
 
 @functools.lru_cache(maxsize=None)
