@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int warpgroup = warp >> 2;
+  const int warpgroup = uniform_warpgroup(tid);  // = warp >> 2
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
@@ -62,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16;  // = 64 * warpgroup + 16 * (warp % 4)
-  const uint32_t q_rows = q_tile + warpgroup * 64 * kSubTileRowBytes;  // this warpgroup's 64 rows
+  const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
   // ---- prologue: Q and the first kLookahead key tiles in flight
   for_each_packed_chunk<HEAD_DIM, kBlockM, kThreads>(
@@ -116,14 +116,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   // A wgmma that reads P from registers reads them after its issue: the compiler, which sees the asm
   // consume them at issue, must not reuse those registers until the product retired.
   // Issue one product as its own wgmma group (fence, MMAs, commit), its accumulators fenced on both sides.
-  auto start_scores = [&](uint32_t k_tile) {
+  auto start_scores = [&](SteppedDescriptor k_tile) {
     fence_operands(s_flat);
     wgmma_fence();
-    issue_scores(s_flat, q_rows, k_tile);
+    issue_scores(s_flat, desc.q_rows, k_tile);
     wgmma_commit();
     fence_operands(s_flat);
   };
-  auto start_pv = [&](uint32_t v_tile) {
+  auto start_pv = [&](SteppedDescriptor v_tile) {
     fence_operands(o_flat);
     wgmma_fence();
     issue_pv(o_flat, probs, v_tile);
@@ -138,14 +138,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   for (int i = 0; i < num_tiles; ++i) {
     advance_ring(i);
-    const uint32_t k_tile = k_ring + (i % KV_STAGES) * kKVBytes;
-    const uint32_t v_tile = v_ring + (i % KV_STAGES) * kKVBytes;
-    start_scores(k_tile);
+    const uint32_t slot_offset = (i % KV_STAGES) * kKVBytes;
+    start_scores(desc.k_ring.plus(slot_offset));
     wgmma_wait<0>();
     fence_operands(s_flat);
     softmax.rescale(acc_o, correction, exponentiate_tile(i));
     pack_probabilities(probs, scores);
-    start_pv(v_tile);
+    start_pv(desc.v_ring.plus(slot_offset));
     retire_pv();
   }
 

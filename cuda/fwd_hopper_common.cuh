@@ -78,27 +78,40 @@ __device__ __forceinline__ void load_kv_tile_sw128(uint32_t tile, const Elem* gm
   }
 }
 
-// S (64 x BLOCK_N per warpgroup) = Q K^T over the head dim: 16 elements (32 bytes) per k-step.
-__device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], uint32_t q_rows, uint32_t k_tile) {
+// S (64 x BLOCK_N per warpgroup) = Q K^T over the head dim: 16 elements (32 bytes) per k-step. q_rows /
+// k_tile: descriptors of this warpgroup's first Q row and of the K tile's first row (SW128, K-major).
+__device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], hfp::sm90::SteppedDescriptor q_rows,
+                                             hfp::sm90::SteppedDescriptor k_tile) {
 #pragma unroll
   for (int ks = 0; ks < HEAD_DIM / 16; ++ks) {
     const uint32_t k_offset = (ks % 4) * 32;  // byte offset inside the sub-tile's 128-byte rows
-    const uint64_t desc_q = hfp::sm90::sw128_descriptor(q_rows + (ks / 4) * (kBlockM * kSubTileRowBytes) + k_offset,
-                                                        16, hfp::sm90::kSwizzleAtomBytes);
-    const uint64_t desc_k = hfp::sm90::sw128_descriptor(k_tile + (ks / 4) * (BLOCK_N * kSubTileRowBytes) + k_offset,
-                                                        16, hfp::sm90::kSwizzleAtomBytes);
+    const uint64_t desc_q = q_rows.plus((ks / 4) * (kBlockM * kSubTileRowBytes) + k_offset).value();
+    const uint64_t desc_k = k_tile.plus((ks / 4) * (BLOCK_N * kSubTileRowBytes) + k_offset).value();
     mma_ss<BLOCK_N>(s, desc_q, desc_k, ks > 0);
   }
 }
 
-// O (64 x HEAD_DIM per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step.
-__device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p)[BLOCK_N / 16][4], uint32_t v_tile) {
+// O (64 x HEAD_DIM per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step. v_tile:
+// the descriptor of the V tile's first row (SW128, read MN-major).
+__device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p)[BLOCK_N / 16][4],
+                                         hfp::sm90::SteppedDescriptor v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-    const uint64_t desc_v = hfp::sm90::sw128_descriptor(v_tile + kk * 16 * kSubTileRowBytes,
-                                                        BLOCK_N * kSubTileRowBytes, hfp::sm90::kSwizzleAtomBytes);
-    mma_rs_transposed_b<HEAD_DIM>(o, p[kk], desc_v);
-  }
+  for (int kk = 0; kk < BLOCK_N / 16; ++kk)
+    mma_rs_transposed_b<HEAD_DIM>(o, p[kk], v_tile.plus(kk * 16 * kSubTileRowBytes).value());
+}
+
+// The operand descriptors of a kernel, built once: this warpgroup's Q rows and the first slot of the K and
+// V rings (slot s is `plus(s * kKVBytes)`).
+struct OperandDescriptors {
+  hfp::sm90::SteppedDescriptor q_rows, k_ring, v_ring;
+};
+
+__device__ __forceinline__ OperandDescriptors operand_descriptors(const SharedTiles& smem, int warpgroup) {
+  using hfp::sm90::SteppedDescriptor;
+  constexpr uint32_t kAtom = hfp::sm90::kSwizzleAtomBytes;
+  return {SteppedDescriptor::at(smem.q_tile + warpgroup * 64 * kSubTileRowBytes, 16, kAtom),
+          SteppedDescriptor::at(smem.k_ring, 16, kAtom),
+          SteppedDescriptor::at(smem.v_ring, BLOCK_N * kSubTileRowBytes, kAtom)};
 }
 
 // Probabilities (S accumulator layout) -> A fragments of O += P V: 8-key blocks 2kk and 2kk + 1 of a

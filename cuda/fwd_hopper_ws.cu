@@ -115,10 +115,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int math_tid = tid - kProducerThreads;
   const int lane = math_tid & 31;
   const int warp = math_tid >> 5;
-  const int warpgroup = warp >> 2;
+  const int warpgroup = uniform_warpgroup(math_tid);  // = warp >> 2
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16;
-  const uint32_t q_rows = q_tile + warpgroup * 64 * kSubTileRowBytes;
+  const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
   float acc_o[1][kOT][4];
   zero_fragments(acc_o);
@@ -137,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
     fence_operands(s_flat);
     wgmma_fence();
-    issue_scores(s_flat, q_rows, k_ring + slot * kKVBytes);
+    issue_scores(s_flat, desc.q_rows, desc.k_ring.plus(slot * kKVBytes));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(s_flat);
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
     fence_operands(o_flat);
     wgmma_fence();
-    issue_pv(o_flat, probs, v_ring + slot * kKVBytes);
+    issue_pv(o_flat, probs, desc.v_ring.plus(slot * kKVBytes));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(o_flat);

@@ -40,6 +40,24 @@ __device__ __forceinline__ uint64_t sw128_descriptor(uint32_t smem_address, uint
   return desc;
 }
 
+// A SW128 descriptor built once and stepped by byte offsets inside the key loop. The address field is the
+// low 14 bits (address >> 4) and every operand tile lies below 256 KB of shared memory, so no step
+// carries out of it: descriptor(address + offset) = descriptor(address) + offset / 16, one 32-bit add
+// on the low word (the high word, SBO and swizzle mode, never changes).
+struct SteppedDescriptor {
+  uint32_t lo, hi;
+  __device__ __forceinline__ static SteppedDescriptor at(uint32_t smem_address, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+    const uint64_t desc = sw128_descriptor(smem_address, lbo_bytes, sbo_bytes);
+    return {static_cast<uint32_t>(desc), static_cast<uint32_t>(desc >> 32)};
+  }
+  __device__ __forceinline__ SteppedDescriptor plus(uint32_t byte_offset) const { return {lo + (byte_offset >> 4), hi}; }
+  __device__ __forceinline__ uint64_t value() const { return (static_cast<uint64_t>(hi) << 32) | lo; }
+};
+
+// The warpgroup of this thread as a value the compiler knows is the same across the warp, so that what
+// depends on it (a warpgroup's Q rows, their descriptors) lives in uniform registers.
+__device__ __forceinline__ int uniform_warpgroup(int thread) { return __shfl_sync(0xffffffff, thread / 128, 0); }
+
 // Order this thread's earlier generic-proxy shared-memory writes (plain stores, cp.async) before
 // later async-proxy reads (wgmma operands); pair with a barrier across the writing threads.
 __device__ __forceinline__ void fence_proxy_async_shared() {
