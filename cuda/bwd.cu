@@ -82,6 +82,18 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
 
 // grid: dkdv_grid in hf_flashpatch/kernels/backward.py (key blocks x kv heads x batch, in the order heavy_first
 // names; see dkdv_block), kThreads threads.
+// The dynamic shared memory of each entry point, read by the launch from the compiled module
+// (hf_flashpatch/kernels/build.py, Kernel.shared_bytes).
+#if BWD_WGMMA
+extern "C" __constant__ int bwd_dkdv_dq_atomic_shared_bytes = kHSmemBytes + 1024;
+#elif BWD_TILED
+extern "C" __constant__ int bwd_dkdv_dq_atomic_shared_bytes = kTiledSharedBytes;
+#else
+extern "C" __constant__ int bwd_dkdv_dq_atomic_shared_bytes = kDefaultSharedBytes;
+#endif
+extern "C" __constant__ int bwd_dkdv_shared_bytes = kDefaultSharedBytes;
+extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) * kPadD * 2;  // bwd_dq's carve-up
+
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
 #if BWD_WGMMA
   dkdv_wgmma_body(HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)

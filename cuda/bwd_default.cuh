@@ -8,6 +8,9 @@
 namespace hfp {
 namespace bwd {
 
+// The shared memory dkdv_body carves up: K, V, two stages of Q and dO, dS^T, two stages of lse2 and D.
+constexpr int kDefaultSharedBytes = (2 * kBlockN * kPadD + 4 * kBlockM * kPadD + kBlockN * kPadM) * 2 + 4 * kBlockM * 4;
+
 template <bool kAccumDq>
 __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];

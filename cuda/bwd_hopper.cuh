@@ -64,7 +64,7 @@ static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
 // kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the stage mbarriers.
-// hf_flashpatch/kernels/backward.py mirrors this sum.
+// The launch provides it plus 1 KB to round the base up (bwd.cu: bwd_dkdv_dq_atomic_shared_bytes).
 constexpr int kHSmemBytes = 2 * kHKvBytes + 2 * kHQStages * kHQBytes + kHDsBuffers * kHDsBytes +
                             2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
 

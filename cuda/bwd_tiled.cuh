@@ -94,6 +94,10 @@ __device__ __forceinline__ void zero_tile(float (&acc)[MT][NT][4]) {
   for (int mt = 0; mt < MT; ++mt) zero(acc[mt]);
 }
 
+// The shared memory dkdv_tiled_body carves up: K, V, two stages of Q and dO, P^T and dS^T, two stages of lse2 and D.
+constexpr int kTiledSharedBytes = (2 * kTBlockN * kPadD + 4 * kTBlockM * kPadD + 2 * kTBlockN * kTPadM) * 2 +
+                                  4 * kTBlockM * 4;
+
 __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* k_s = reinterpret_cast<T*>(smem_raw);             // (kTBlockN, kPadD)

@@ -357,6 +357,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 
 }  // namespace hfp
 
+// The split kernel's dynamic shared memory: the Q tile, then STAGES (K tile, V tile) pairs per warp (read by
+// the launch from the compiled module: Kernel.shared_bytes).
+extern "C" __constant__ int hfp_decode_split_shared_bytes = (hfp::kRows * hfp::kHeadDim + hfp::kWarps * STAGES * hfp::kStageElems) * 2;
+
 // Both kernels take the one parameter struct (cuda/decode_common.cuh; hf_flashpatch/kernels/decode.py
 // packs one buffer for the pair).
 extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32) hfp_decode_split(const __grid_constant__ hfp::DecodeParams p) {

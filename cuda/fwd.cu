@@ -44,6 +44,10 @@ constexpr int kKVTileElems = BLOCK_N * Layout::kRowStride;
 
 }  // namespace
 
+// The dynamic shared memory the kernel carves up below (Q, then the K and V rings), read by the launch from
+// the compiled module (hf_flashpatch/kernels/build.py, Kernel.shared_bytes).
+extern "C" __constant__ int hfp_attention_forward_shared_bytes = (kQTileElems + 2 * KV_STAGES * kKVTileElems) * 2;
+
 __device__ __forceinline__ int fresh_thread_index() {
   int index;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));

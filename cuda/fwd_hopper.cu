@@ -26,6 +26,9 @@ constexpr int kLookahead = KV_STAGES - 1;
 static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into");
 }  // namespace
 
+// The dynamic shared memory (read by the launch from the compiled module: Kernel.shared_bytes).
+extern "C" __constant__ int hfp_attention_forward_sm90_shared_bytes = kSharedTilesBytes;
+
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(const __grid_constant__ hfp::fwd::FwdParams p) {
   using namespace hfp;
   using namespace hfp::fwd;

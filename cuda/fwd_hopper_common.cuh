@@ -46,6 +46,9 @@ struct SharedTiles {
   uint32_t q_tile, k_ring, v_ring, end;
 };
 
+// Bytes the launch provides for those tiles: the atom of slack for rounding the base up, Q and both rings.
+constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBytes + 2 * KV_STAGES * kKVBytes;
+
 __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_raw) {
   const uint32_t raw = hfp::smem_addr(smem_raw);
   const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);

@@ -39,6 +39,10 @@ static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring sta
 
 }  // namespace
 
+// The dynamic shared memory: the tiles, then the full and empty mbarrier of every stage (read by the launch
+// from the compiled module: Kernel.shared_bytes).
+extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedTilesBytes + 2 * 8 * KV_STAGES;
+
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   using namespace hfp;
   using namespace hfp::fwd;

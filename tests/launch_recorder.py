@@ -11,8 +11,9 @@ from hf_flashpatch.kernels.build import unloaded_kernel
 
 
 class RecordingKernel:
-    def __init__(self, entry: str, calls: list):
+    def __init__(self, entry: str, calls: list, shared_bytes: int = 0):
         self.entry, self.calls, self._real = entry, calls, unloaded_kernel(entry)
+        self.shared_bytes = shared_bytes  # a loaded Kernel reads it from its cubin
 
     def pack(self, args) -> tuple:
         self._real.pack(args)  # raises where the real launch would

@@ -89,17 +89,20 @@ def test_forward_kernel_launch_takes_zero_scale_as_zero(monkeypatch):
     """The GPU forward launch used ``scale if scale else 1/sqrt(D)``: 0.0 became the default there while
     decode, backward and the fallback used 0. Recorded on CPU by stubbing the kernel and the device."""
     from hf_flashpatch.kernels import decode, forward
+    from hf_flashpatch.kernels.sources import kernel_signature
+    from launch_recorder import RecordingKernel
 
     launched = []
     monkeypatch.setattr(forward, "_check_supported", lambda *a: None)
     monkeypatch.setattr(forward, "device_arch", lambda device: "sm_80")
-    monkeypatch.setattr(forward, "get_kernel", lambda *a: lambda *args, **kw: launched.append(args))
+    monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: RecordingKernel(entry, launched))
     monkeypatch.setattr(forward, "_aligned", lambda t: t)
     q, k, v = (t.bfloat16() for t in _qkv(d=64))
+    names = kernel_signature("fwd.cu", forward._ENTRY).names
     for scale, expect in ((0.0, 0.0), (None, math.log2(math.e) / 8.0), (0.5, 0.5 * math.log2(math.e))):
         forward._launch(q, k, v, None, None, 0, 0, scale, False, -1, -1, 0.0)
-        scale_log2 = launched[-1][2 + 7 + 14 + 5]  # grid, block, 7 pointers, 14 strides, 5 ints
-        assert scale_log2 == pytest.approx(expect), scale
+        _entry, _grid, args = launched[-1]
+        assert dict(zip(names, args))["scale_log2"] == pytest.approx(expect), scale
     assert decode._scales(64, 0.0, None) == (0.0, 0.0)  # decode agrees (and always did)
 
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from ptxas_report import spills_by_entry
 
-from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
+from hf_flashpatch.kernels.build import compile_cubin, find_nvcc, shared_bytes_of
 from hf_flashpatch.kernels.decode import MIN_WAVES, DecodeConfig, all_builds, choose_num_splits
 
 needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
@@ -33,6 +33,9 @@ def test_default_decode_builds_compile_without_spills(tmp_path, monkeypatch):
         assert spills, f"{build}: no entry in the ptxas report"
         spilled = {name: s for name, s in spills.items() if s != (0, 0)}
         assert not spilled, f"{build} spills registers (store, load bytes): {spilled}"
+        if build.source == "decode.cu":  # the split kernel's stated shared memory fits a Hopper block
+            assert 0 < shared_bytes_of(cubin, "hfp_decode_split") <= 232448, build
+            assert shared_bytes_of(cubin, "hfp_decode_combine") == 0, build
 
 
 def test_min_waves_split_policy():

@@ -117,24 +117,6 @@ class BackwardConfig:
             defines += (("BWD_WGMMA", 1), ("BWD_WGMMA_BLOCK_M", self.wgmma_block_m))
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
-    def dkdv_smem_bytes(self) -> int:
-        pad_d, pad_m = self.head_dim + 8, self.block_m + 8
-        if self.body == "wgmma":  # mirrors kHSmemBytes in cuda/bwd_hopper.cuh, plus 1 KB alignment slack
-            keys, queries = 128, self.wgmma_block_m
-            stages, ds_buffers = 3, 2
-            # K, V, Q/dO x stages, dS^T x buffers (2-byte elements)
-            tiles = 2 * keys * self.head_dim + 2 * stages * queries * self.head_dim + ds_buffers * keys * queries
-            return 2 * tiles + 2 * stages * 4 * queries + 8 * stages + 1024
-        if self.body == "tiled":  # K, V, 2 stages of Q and dO, P^T and dS^T, lse and D (2 stages)
-            m = self.tiled_block_m
-            elems = 2 * self.block_n * pad_d + 4 * m * pad_d + 2 * self.block_n * (m + 8)
-            return 2 * elems + 4 * 4 * m
-        elems = 2 * self.block_n * pad_d + 4 * self.block_m * pad_d + self.block_n * pad_m
-        return 2 * elems + 4 * 4 * self.block_m
-
-    def dq_smem_bytes(self) -> int:
-        return 2 * (2 * self.dq_block_m + 4 * self.dq_block_n) * (self.head_dim + 8)
-
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every build :func:`attention_backward` can launch on ``arch`` (for the CI compile check)."""
@@ -167,12 +149,8 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     if v.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs v's head_dim == q's, got {tuple(v.shape)} and {tuple(q.shape)}")
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
-    cfg = BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch, bool(deterministic))
-    limit = getattr(torch.cuda.get_device_properties(q.device), "shared_memory_per_block_optin", None)
-    needed = max(cfg.dkdv_smem_bytes(), cfg.dq_smem_bytes())
-    if limit is not None and needed > limit:  # e.g. Ada (99 KB) at head dim 128: sized for Hopper/A100
-        raise KernelUnsupported(f"backward tiles need {needed} bytes of shared memory, the device allows {limit}")
-    return cfg
+    return BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch, bool(deterministic))
+
 
 
 HEAVY_FIRST_MAX_WAVES = 8  # dK/dV grids of at most this many waves (one block per SM) run heaviest key block first
@@ -219,10 +197,13 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
 
     rows_pad = (rows_valid + _ROW_PAD - 1) // _ROW_PAD * _ROW_PAD + _ROW_PAD
     device = q.device
+    if deterministic and cfg.body != "default":  # an explicit cfg of another body: it has no dQ-free twin
+        cfg = BackwardConfig.choose(head_dim, q.dtype, cfg.softcap, cfg.arch, deterministic=True)
     build = cfg.build()
+    entries = ("bwd_dkdv", "bwd_dq") if deterministic else ("bwd_dkdv_dq_atomic", "bwd_convert_dq")
+    pre, dkdv, last = (get_kernel(build, entry, device) for entry in ("bwd_preprocess", *entries))
     lse2 = torch.empty(batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # lse * log2(e)
     dvec = torch.empty_like(lse2)  # rowsum(dO * O) - dLSE
-    pre = get_kernel(build, "bwd_preprocess", device)
     pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, *strides(out),
         *strides(dout), heads, rows_valid, rows_pad, tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()))  # fmt: skip
 
@@ -239,29 +220,22 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     all_strides = (*strides(q), *strides(k), *strides(v), *strides(dout))
     cu = (cu_q, cu_k) if varlen else (None, None)
     cu_tensors = (cu_q, cu_k) if varlen else ()
-    if deterministic and cfg.body != "default":  # an explicit cfg of another body: it has no dQ-free twin
-        cfg = BackwardConfig.choose(head_dim, q.dtype, cfg.softcap, cfg.arch, deterministic=True)
-        build = cfg.build()
     key_blocks = (seqlen_k + cfg.block_n - 1) // cfg.block_n
     grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, _sm_count(device), choice=cfg.body == "wgmma")
     if deterministic:
-        dkdv = get_kernel(build, "bwd_dkdv", device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars, heavy_first,
-             shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip
-        dq_kernel = get_kernel(build, "bwd_dq", device)
+             shared_bytes=dkdv.shared_bytes, tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip
         grid_q = ((seqlen_q + cfg.dq_block_m - 1) // cfg.dq_block_m, heads, batch)
-        dq_kernel(grid_q, (cfg.dq_warps * 32, 1, 1), *inputs, dq, *cu, *all_strides, *scalars,
-                  shared_bytes=cfg.dq_smem_bytes(), tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
+        last(grid_q, (cfg.dq_warps * 32, 1, 1), *inputs, dq, *cu, *all_strides, *scalars,
+             shared_bytes=last.shared_bytes, tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
-        dkdv = get_kernel(build, "bwd_dkdv_dq_atomic", device)
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars, heavy_first,
-             shared_bytes=cfg.dkdv_smem_bytes(), tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
-        convert = get_kernel(build, "bwd_convert_dq", device)
+             shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
         blocks = (rows_valid * head_dim // 8 + 255) // 256
-        if blocks > 0:
-            convert((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,
-                    tensors=(dq_accum, dq))  # fmt: skip
+        if blocks > 0:  # bwd_convert_dq: scale and cast the fp32 dQ workspace
+            last((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,
+                 tensors=(dq_accum, dq))  # fmt: skip
     return dq, dk, dv
 
 

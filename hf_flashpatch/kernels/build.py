@@ -37,6 +37,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import kernel_cache
+from .cubin_symbols import read_int32
 from .sources import Signature, cuda_source_dir, entry_source, kernel_signature
 
 _log = logging.getLogger(__name__)
@@ -277,6 +278,11 @@ class Kernel:
             except driver.Error as exc:  # e.g. a driver older than this nvcc: the fallback still serves
                 raise KernelUnsupported(f"the driver cannot load {build.source} ({build.arch}): {exc}") from exc
             self.function = self.module.get_function(entry)
+        self.shared_bytes = shared_bytes_of(cubin, entry)
+        limit = getattr(torch.cuda.get_device_properties(device_index), "shared_memory_per_block_optin", None)
+        if limit is not None and self.shared_bytes > limit:  # e.g. Ada's 99 KB: the tiles are sized for Hopper
+            raise KernelUnsupported(f"{entry} ({build.source} {dict(build.defines)}) needs {self.shared_bytes} bytes "
+                                    f"of shared memory, the device allows {limit}")  # fmt: skip
         self._max_shared_set = 48 * 1024
         self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
 
@@ -327,6 +333,18 @@ class Kernel:
                     t.record_stream(external)
         finally:
             self._driver.Context.pop()
+
+
+def shared_bytes_of(cubin: bytes, entry: str) -> int:
+    """The dynamic shared memory ``entry`` needs, as its source states it (``<entry>_shared_bytes``, see
+    :mod:`~hf_flashpatch.kernels.cubin_symbols`); 0 for a kernel without dynamic shared memory."""
+    value = read_int32(cubin, f"{entry}_shared_bytes")
+    return 0 if value is None else value
+
+
+def entry_shared_bytes(build: KernelBuild, entry: str) -> int:
+    """:func:`shared_bytes_of` ``entry`` of ``build``, compiled (or from the cache) here: no GPU needed."""
+    return shared_bytes_of(compile_cubin(build)[0], entry)
 
 
 def _side_stream(device_index: int):

@@ -125,7 +125,7 @@ def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch
     row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
-    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(device_index), ctas_per_sm(config), MIN_WAVES)
+    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(device_index), ctas_per_sm(split_kernel.shared_bytes), MIN_WAVES)
     combine_kernel = get_kernel(build, "hfp_decode_combine", device) if num_splits > 1 else None
     return DecodePlan(config, split_kernel, combine_kernel, num_splits, row_tiles)
 
@@ -158,7 +158,7 @@ def _launch(
     params = plan.split_kernel.pack(args)  # both kernels take DecodeParams (cuda/decode_common.cuh): one buffer
     plan.split_kernel.launch(
         (plan.row_tiles * num_splits, kv_heads, batch), (WARPS * 32, 1, 1), params,
-        shared_bytes=plan.config.shared_bytes, tensors=tensors,
+        shared_bytes=plan.split_kernel.shared_bytes, tensors=tensors,
     )  # fmt: skip
     if num_splits > 1:
         rows = total_q * heads

@@ -44,11 +44,6 @@ class DecodeConfig:
         )
         return KernelBuild("decode.cu", defines, arch)
 
-    @property
-    def shared_bytes(self) -> int:
-        # Q tile [16][D] + per warp STAGES x (K tile, V tile) of [16][D], 2-byte elements.
-        return 2 * (ROWS_PER_CTA * self.head_dim + WARPS * self.stages * 2 * TILE_KEYS * self.head_dim)
-
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every decode build the launchers can request (for the CI compile check), plus kv_append."""

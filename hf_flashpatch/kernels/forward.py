@@ -38,12 +38,9 @@ from .heuristics import TileShape, forward_tile_shape
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
-_ELEM_BYTES = 2
-_MAX_SHARED_BYTES = 232448  # H100/H200 opt-in dynamic shared memory per block
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-_SWIZZLE_ALIGN_SLACK = 1024  # the wgmma body rounds its shared-memory base up to a 1024-byte swizzle atom
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
 
 
@@ -119,15 +116,6 @@ class ForwardConfig:
     def threads(self) -> int:
         return 32 * self.num_warps
 
-    @property
-    def shared_bytes(self) -> int:
-        if self.wgmma:  # dense 128-byte-swizzled tiles: Q + K/V ring, plus the alignment slack
-            tile_bytes = self.head_dim * _ELEM_BYTES * (self.block_m + 2 * self.kv_stages * self.block_n)
-            barrier_bytes = 2 * 8 * self.kv_stages if self.warp_specialized else 0  # full + empty mbarriers
-            return tile_bytes + _SWIZZLE_ALIGN_SLACK + barrier_bytes
-        row_bytes = (self.head_dim + 8) * _ELEM_BYTES  # padded rows, see cuda/fwd_tile_io.cuh
-        return row_bytes * (self.block_m + 2 * self.kv_stages * self.block_n)
-
     def build(self, arch: str = "sm_90a") -> KernelBuild:
         if self.wgmma:
             if arch != "sm_90a":
@@ -200,8 +188,6 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     left, right = fold_window(causal, window_left, window_right)
     arch = device_arch(q.device)
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch)
-    if config.shared_bytes > _MAX_SHARED_BYTES:
-        raise KernelUnsupported(f"forward tile needs {config.shared_bytes} B of shared memory, got {config}")
 
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, S_q, H, D) or (T_q, H, D), contiguous
     if varlen:
@@ -245,7 +231,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, scale_log2, softcap_pre,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        shared_bytes=config.shared_bytes,
+        shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip
     return out, lse

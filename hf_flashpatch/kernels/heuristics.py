@@ -138,9 +138,10 @@ MIN_KEYS_PER_SPLIT = 256  # each split gives the per-warp pipelines a few 16-key
 MIN_WAVES = 2
 
 
-def ctas_per_sm(config) -> int:
-    """Resident CTAs per SM: shared memory bound (228 KB/SM, 1 KB reserved per CTA), at most 4."""
-    return max(1, min(4, (228 * 1024) // (config.shared_bytes + 1024)))
+def ctas_per_sm(shared_bytes: int) -> int:
+    """Resident CTAs per SM of a kernel with ``shared_bytes`` of dynamic shared memory: shared memory bound
+    (228 KB/SM, 1 KB reserved per CTA), at most 4."""
+    return max(1, min(4, (228 * 1024) // (shared_bytes + 1024)))
 
 
 def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_sm: int, min_waves: int = 1) -> int:
