@@ -5,6 +5,15 @@ it can and the torch fallback (:mod:`hf_flashpatch.fallback`) otherwise. A CUDA 
 kernels cannot serve (no pycuda/nvcc, fp32, compute capability < 8.0, an unsupported head dim)
 takes the fallback with one warning per reason.
 
+v may have a head dim of its own, ``head_dim_v`` (``D_v``; multi-head latent attention: DeepSeek-V3's
+q/k 192, v 128): out then has ``D_v`` columns, lse is unchanged and ``softmax_scale=None`` is
+``1 / sqrt(D)``, D being q/k's. :func:`flash_attn_func` and :func:`flash_attn_varlen_func` serve it on
+the forward/backward kernels by exact zero-padding to one kernel head dim (:mod:`hf_flashpatch.value_head_dim`:
+``P / D`` and ``P / D_v`` times the work). The decode paths (:func:`flash_attn_with_kvcache`,
+:func:`flash_attn_paged_decode`, :func:`flash_attn_slot_varlen_func`, and the decode kernel that
+:func:`flash_attn_func` tries for inference calls) do not pad: padding a whole cache at every call would
+cost more than the attention, so on CUDA such a call takes the torch fallback, with one warning.
+
 Common keyword arguments:
 
 - ``causal``: bottom-right aligned when ``seqlen_q < seqlen_k`` (queries are the last tokens);
@@ -37,6 +46,7 @@ and lengths) to the tensors passed.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import torch
 
@@ -46,6 +56,7 @@ from .kernels import kernels_unavailable_reason
 from .reference.masks import normalize_window
 from .sinks import add_sinks
 from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_sinks, check_varlen
+from .value_head_dim import padded_attention
 
 _warned: set[str] = set()
 
@@ -86,16 +97,26 @@ def _window_args(window, causal):
     return dict(causal=causal, window_left=left, window_right=right)
 
 
+def _decline_value_head_dim(q, v) -> None:
+    """The decode kernels read q/k and v at one head dim, and padding the cache would cost more than the
+    attention (module docstring): a call whose v has its own head dim takes the fallback."""
+    if v.shape[-1] != q.shape[-1]:
+        raise KernelUnsupported(
+            f"the decode kernels take one head dim for q/k and v, got {q.shape[-1]} and {v.shape[-1]} (padding the "
+            "cache at every call would cost more than the attention)"
+        )
+
+
 def flash_attn_func(
     q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, return_lse=False, deterministic=False,
     sinks=None,
 ):
     """Attention over a batch of equal-length sequences.
 
-    q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``; fp16/bf16 (fp32 takes the fallback); strided
-    views are fine as long as the last dim is contiguous. Returns ``out (B, S_q, H, D)`` in q's dtype
-    and, with ``return_lse``, ``lse (B, H, S_q)`` fp32. Differentiable (``deterministic=True`` makes
-    the backward bit-reproducible).
+    q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)`` (``D_v`` may differ from
+    ``D``: module docstring); fp16/bf16 (fp32 takes the fallback); strided views are fine as long as the
+    last dim is contiguous. Returns ``out (B, S_q, H, D_v)`` in q's dtype and, with ``return_lse``,
+    ``lse (B, H, S_q)`` fp32. Differentiable (``deterministic=True`` makes the backward bit-reproducible).
     """
     check_qkv(q, k, v, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window)
@@ -105,6 +126,9 @@ def flash_attn_func(
     def run():
         from .kernels import forward
 
+        if v.shape[-1] != q.shape[-1]:  # no decode kernel try: it would decline (_decline_value_head_dim)
+            return padded_attention(forward.attention_forward, q, k, v, deterministic=deterministic,
+                                    **_window_args(window, causal), **common)  # fmt: skip
         inference = not torch.is_grad_enabled() or not (q.requires_grad or k.requires_grad or v.requires_grad)
         if inference and q.shape[0] > 0:  # the decode launch sizes its split by rows per sequence
             decoded = _try_decode(q, k, v, None, causal, window, common)
@@ -147,9 +171,9 @@ def flash_attn_varlen_func(
     check_inputs=True,
     sinks=None,
 ):
-    """Packed sequences (no padding): q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``; sequence ``i`` is
-    rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
-    are padding. ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D)``
+    """Packed sequences (no padding): q ``(T_q, H, D)``, k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``; sequence
+    ``i`` is rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
+    are padding. ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D_v)``
     and, with ``return_lse``, ``lse (H, T_q)`` fp32. ``check_inputs=False`` skips the check of the
     tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
@@ -161,7 +185,10 @@ def flash_attn_varlen_func(
     def run():
         from .kernels import forward
 
-        return forward.attention_forward(
+        # v with a head dim of its own: the same kernel on zero-padded inputs (exact; module docstring)
+        attend = forward.attention_forward if v.shape[-1] == q.shape[-1] else partial(padded_attention,
+                                                                                      forward.attention_forward)
+        return attend(
             q, k, v,
             cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
@@ -181,10 +208,11 @@ def flash_attn_with_kvcache(
 ):  # fmt: skip
     """Decode over a contiguous cache (inference only).
 
-    q ``(B, S_q, H, D)`` (the newest ``S_q`` tokens, usually 1), k_cache/v_cache
-    ``(B, S_cache, H_kv, D)`` (strided views such as a transposed transformers cache are fine),
+    q ``(B, S_q, H, D)`` (the newest ``S_q`` tokens, usually 1), k_cache ``(B, S_cache, H_kv, D)`` and v_cache
+    ``(B, S_cache, H_kv, D_v)`` (strided views such as a transposed transformers cache are fine),
     ``cache_seqlens`` int32 ``(B,)`` valid tokens per row, each in ``[0, S_cache]`` (None: all
-    ``S_cache``). Runs the split-KV decode kernel. Returns ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``].
+    ``S_cache``). Runs the split-KV decode kernel; a v_cache with a head dim of its own (``D_v != D``)
+    takes the torch fallback instead (module docstring). Returns ``out (B, S_q, H, D_v)`` [, ``lse (B, H, S_q)``].
     ``check_inputs=False`` skips the check of ``cache_seqlens``' values on CUDA (module docstring).
     """
     check_qkv(q, k_cache, v_cache, packed=False)
@@ -192,7 +220,7 @@ def flash_attn_with_kvcache(
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
     sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
-        return fallback.empty_batch(q, return_lse)
+        return fallback.empty_batch(q, return_lse, v_cache.shape[-1])
     if cache_seqlens is not None:
         cache_seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
@@ -200,6 +228,7 @@ def flash_attn_with_kvcache(
     def run():
         from .kernels import decode
 
+        _decline_value_head_dim(q, v_cache)
         return decode.decode_forward(q, k_cache, v_cache, cache_seqlens, **_window_args(window, causal), **common)
 
     res = _kernel_call(q, run)
@@ -215,24 +244,26 @@ def flash_attn_paged_decode(
 ):  # fmt: skip
     """Decode over a paged KV pool (block-table form).
 
-    q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)``; ``page_table`` int32
+    q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)`` (v_pages: ``D_v``, which on CUDA takes
+    the torch fallback where it differs from ``D``: module docstring); ``page_table`` int32
     ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``. Page size may be any positive int (1 makes it
     a per-token slot table). Row ``b`` reads pages ``page_table[b, :ceil(seqlens_k[b] / page_size)]``,
     each in ``[0, num_pages)``; ``seqlens_k[b]`` lies in ``[0, max_pages * page_size]``.
     ``check_inputs=False`` skips the check of those values on CUDA (module docstring). Returns
-    ``out (B, S_q, H, D)`` [, ``lse (B, H, S_q)``]. For a managed pool (allocation, appends, freeing)
+    ``out (B, S_q, H, D_v)`` [, ``lse (B, H, S_q)``]. For a managed pool (allocation, appends, freeing)
     see :class:`hf_flashpatch.paged.PagedKVCache`.
     """
     check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
     softcap = check_scalars(softmax_scale, softcap, window)
     sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
-        return fallback.empty_batch(q, return_lse)
+        return fallback.empty_batch(q, return_lse, v_pages.shape[-1])
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
         from .kernels import decode
 
+        _decline_value_head_dim(q, v_pages)
         return decode.paged_decode_forward(
             q, k_pages, v_pages, page_table.int(), seqlens_k.int(), **_window_args(window, causal), **common
         )
@@ -253,9 +284,17 @@ def flash_attn_paged_decode(
 
 def attention_op(q, k, v, *, causal, softmax_scale, softcap, window_left, window_right, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=False):  # fmt: skip
-    """The differentiable forward op: ``(out, lse)`` as :func:`flash_attn_func` / :func:`flash_attn_varlen_func`."""
+    """The differentiable forward op: ``(out, lse)`` as :func:`flash_attn_func` / :func:`flash_attn_varlen_func`.
+    A v with a head dim of its own runs the op on zero-padded inputs (:mod:`hf_flashpatch.value_head_dim`):
+    the op, and its fake, take one head dim."""
     from .kernels import forward
 
+    if v.shape[-1] != q.shape[-1]:
+        return padded_attention(
+            attention_op, q, k, v, causal=causal, softmax_scale=softmax_scale, softcap=softcap,
+            window_left=window_left, window_right=window_right, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, deterministic=deterministic,
+        )  # fmt: skip
     return forward.attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale, window_left=window_left,
@@ -265,9 +304,13 @@ def attention_op(q, k, v, *, causal, softmax_scale, softcap, window_left, window
 
 def decode_op(q, k_cache, v_cache, cache_seqlens, key_starts, *, softmax_scale, softcap, window_left, window_right):
     """The decode op over a contiguous cache: ``(out, lse)``; row ``b`` sees keys
-    ``[key_starts[b], cache_seqlens[b])`` (None: 0 and ``S_cache``), its queries the last of them."""
+    ``[key_starts[b], cache_seqlens[b])`` (None: 0 and ``S_cache``), its queries the last of them. One head
+    dim for q, k and v (the op's fake gives out q's shape); callers route a v of its own elsewhere."""
     from .kernels import decode
 
+    if v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"decode_op takes one head dim for q, k and v, got q {tuple(q.shape)} and v_cache "
+                         f"{tuple(v_cache.shape)}")  # fmt: skip
     return decode.decode_forward(
         q, k_cache, v_cache, cache_seqlens, causal=False, softmax_scale=softmax_scale, window_left=window_left,
         window_right=window_right, softcap=softcap, key_starts=key_starts, torch_fallback=True,
@@ -355,12 +398,13 @@ def flash_attn_slot_varlen_func(
     softmax_scale=None, window=None, softcap=None, return_lse=False, check_inputs=True,
 ):  # fmt: skip
     """Packed sequences whose keys live in a slot pool (inference only): q ``(T_q, H, D)`` and
-    ``cu_seqlens_*``/``max_seqlen_*`` as in :func:`flash_attn_varlen_func`; pools ``(num_slots, H_kv, D)``;
+    ``cu_seqlens_*``/``max_seqlen_*`` as in :func:`flash_attn_varlen_func`; pools ``(num_slots, H_kv, D)``
+    (v_pool: ``D_v``; where it differs from ``D`` the call takes the torch fallback on CUDA);
     ``slots`` int ``(T_k,)``, the pool slot of every key, sequence after sequence (sequence ``i`` reads
     ``slots[cu_seqlens_k[i]:cu_seqlens_k[i+1]]``, each in ``[0, num_slots)``).
 
     Decode-like calls (few queries per sequence) read the pool in place with the slot decode kernel;
-    the others gather their keys and run the varlen forward. Returns ``out (T_q, H, D)`` [, ``lse (H, T_q)``].
+    the others gather their keys and run the varlen forward. Returns ``out (T_q, H, D_v)`` [, ``lse (H, T_q)``].
     ``check_inputs=False`` skips the checks of the tables' contents on CUDA (module docstring).
     """
     from .validate import check_varlen, content_checks_enabled
@@ -386,6 +430,7 @@ def flash_attn_slot_varlen_func(
     def run():
         from .kernels import decode, forward
 
+        _decline_value_head_dim(q, v_pool)
         try:
             return decode.slot_varlen_forward(
                 q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), **window_args, **common
@@ -408,8 +453,8 @@ def flash_attn_slot_varlen_func(
 
 
 def _gather_slots(k_pool, v_pool, slots):
-    """``(T_k, H_kv, D)`` K and V, contiguous; slots clamped into the pool (unchecked tables never read
-    outside it, as in the kernels)."""
+    """``(T_k, H_kv, D)`` K and ``(T_k, H_kv, D_v)`` V, contiguous; slots clamped into the pool (unchecked tables
+    never read outside it, as in the kernels)."""
     index = slots.long().clamp(0, k_pool.shape[0] - 1)
     return k_pool.index_select(0, index), v_pool.index_select(0, index)
 

@@ -1,6 +1,7 @@
 """The torch path taken where the CUDA kernels cannot serve a call (CPU, fp32, old GPUs, no pycuda).
 
-Same layouts and semantics as the public API (see :mod:`hf_flashpatch.api`). It uses torch's
+Same layouts and semantics as the public API (see :mod:`hf_flashpatch.api`), v's head dim ``D_v``
+included (it may differ from q/k's ``D``: out has ``D_v``, the default scale is ``1 / sqrt(D)``). It uses torch's
 ``scaled_dot_product_attention`` where that computes the same function (no softcap, no LSE
 requested) and the tiled online-softmax reference otherwise; rows that see no key give 0.
 
@@ -21,7 +22,8 @@ from .reference import attention_tiled, gather_pages, normalize_window, visibili
 
 
 def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
-    """q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)`` -> out ``(B, S_q, H, D)`` [, lse ``(B, H, S_q)``]."""
+    """q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)`` -> out ``(B, S_q, H, D_v)``
+    [, lse ``(B, H, S_q)``]."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     if softcap or return_lse:
         out, lse = attention_tiled(
@@ -37,11 +39,11 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     out = F.scaled_dot_product_attention(
         q.masked_fill(q_nan[..., None], 0.0).transpose(1, 2),  # (B, H, S_q, D)
         k.masked_fill(k_nan[..., None], 0.0).transpose(1, 2),  # (B, H_kv, S_k, D)
-        v.transpose(1, 2),
+        v.transpose(1, 2),  # (B, H_kv, S_k, D_v): sdpa takes a value head dim of its own
         attn_mask=mask,
         scale=scale,
         enable_gqa=k.shape[2] != q.shape[2],
-    ).transpose(1, 2)  # (B, S_q, H, D)
+    ).transpose(1, 2)  # (B, S_q, H, D_v)
     if mask is not None and not bool(mask.any(dim=-1).all()):
         out = out.masked_fill(~mask.any(dim=-1)[None, :, None, None], 0.0)  # rows with no key: 0, not NaN
     return out.masked_fill(_nan_rows(q_nan, k_nan, mask)[..., None], float("nan"))
@@ -61,7 +63,7 @@ def _nan_rows(q_nan, k_nan, mask):
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse, **kwargs):
-    """q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)`` -> out ``(T_q, H, D)`` [, lse ``(H, T_q)``].
+    """q ``(T_q, H, D)``, k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)`` -> out ``(T_q, H, D_v)`` [, lse ``(H, T_q)``].
 
     Built with ``torch.cat`` (no in-place writes) so autograd flows through; tokens past
     ``cu_seqlens_q[-1]`` get 0 and lse ``-inf``.
@@ -74,11 +76,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse, **kwarg
             continue
         res = attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], return_lse=True, **kwargs) if return_lse \
             else (attention(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], return_lse=False, **kwargs), None)
-        outs.append(res[0][0])  # (len_q, H, D)
+        outs.append(res[0][0])  # (len_q, H, D_v)
         if return_lse:
             lses.append(res[1][0])  # (H, len_q)
     tail = q.shape[0] - cq[-1]
-    outs.append(q.new_zeros(tail, *q.shape[1:]))
+    outs.append(q.new_zeros(tail, q.shape[1], v.shape[-1]))  # (tail, H, D_v)
     out = torch.cat(outs)
     if not return_lse:
         return out
@@ -86,18 +88,20 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse, **kwarg
     return out, torch.cat(lses, dim=1)
 
 
-def empty_batch(q, return_lse):
-    """The result of a batched call with no rows: out ``(0, S_q, H, D)`` [, lse ``(0, H, S_q)``]."""
-    out = q.new_zeros(q.shape)
+def empty_batch(q, return_lse, head_dim_v=None):
+    """The result of a batched call with no rows: out ``(0, S_q, H, D_v)`` [, lse ``(0, H, S_q)``];
+    ``head_dim_v`` None: q's head dim."""
+    out = q.new_zeros(*q.shape[:-1], q.shape[-1] if head_dim_v is None else head_dim_v)
     lse = torch.zeros(0, q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
     return (out, lse) if return_lse else out
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kwargs):
-    """Per-row valid lengths: q ``(B, S_q, H, D)``, caches ``(B, S_cache, H_kv, D)``, seqlens ``(B,)``
-    (each in ``[0, S_cache]``: the API checks it, since a negative slice end would count from the end)."""
+    """Per-row valid lengths: q ``(B, S_q, H, D)``, caches ``(B, S_cache, H_kv, D)`` and ``(.., D_v)``,
+    seqlens ``(B,)`` (each in ``[0, S_cache]``: the API checks it, since a negative slice end would count
+    from the end)."""
     if q.shape[0] == 0:
-        return empty_batch(q, return_lse)
+        return empty_batch(q, return_lse, v_cache.shape[-1])
     if cache_seqlens is None:
         return attention(q, k_cache, v_cache, return_lse=return_lse, **kwargs)
     outs, lses = [], []
@@ -113,11 +117,11 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens, *, return_lse, **kwarg
 def paged_attention(q, k_pages, v_pages, page_table, seqlens_k, *, return_lse, **kwargs):
     """Block-table form (see :mod:`hf_flashpatch.reference.paged`)."""
     if q.shape[0] == 0:
-        return empty_batch(q, return_lse)
+        return empty_batch(q, return_lse, v_pages.shape[-1])
     outs, lses = [], []
     for b, length in enumerate(seqlens_k.tolist()):
         k = gather_pages(k_pages, page_table[b], length)[None]  # (1, S_k, H_kv, D)
-        v = gather_pages(v_pages, page_table[b], length)[None]
+        v = gather_pages(v_pages, page_table[b], length)[None]  # (1, S_k, H_kv, D_v)
         res = attention(q[b : b + 1], k, v, return_lse=return_lse, **kwargs)
         outs.append(res[0] if return_lse else res)
         if return_lse:

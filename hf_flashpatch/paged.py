@@ -1,6 +1,8 @@
 """A paged KV cache that users manage themselves (FlashInfer-style page pool).
 
-Storage per layer: ``k_pages, v_pages (num_pages, page_size, H_kv, D)``. A sequence owns a list of
+Storage per layer: ``k_pages, v_pages (num_pages, page_size, H_kv, D)``: one head dim for K and V (a V head
+dim of its own, as in multi-head latent attention, is refused by name; decoding it over a cache would take
+the torch fallback anyway, see :mod:`hf_flashpatch.api`). A sequence owns a list of
 pages; logical token ``j`` of a sequence lives in page ``pages[j // page_size]`` at offset
 ``j % page_size``. The page table handed to the kernel is int32 ``(B, max_pages)``.
 
@@ -172,8 +174,9 @@ class PagedKVCache:
         expected = (len(seq_ids), k_new.shape[1] if k_new.dim() == 4 else -1, self.kv_heads, self.head_dim)
         if k_new.dim() != 4 or tuple(k_new.shape) != expected or v_new.shape != k_new.shape:
             raise ValueError(
-                f"k_new/v_new must be (B={len(seq_ids)}, S_new, H_kv={self.kv_heads}, D={self.head_dim}), got "
-                f"{tuple(k_new.shape)} and {tuple(v_new.shape)}"
+                f"k_new/v_new must be (B={len(seq_ids)}, S_new, H_kv={self.kv_heads}, D={self.head_dim}) (this pool "
+                f"keeps one head dim for K and V: no value head dim of its own), got {tuple(k_new.shape)} and "
+                f"{tuple(v_new.shape)}"
             )
         new = k_new.shape[1]
         written = self._written[layer]

@@ -30,7 +30,9 @@ def _fail(message: str):
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool) -> None:
-    """Batched: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``. Packed: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``."""
+    """Batched: q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``. Packed: q ``(T_q, H, D)``,
+    k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``. v's head dim ``D_v`` may differ from ``D`` (multi-head latent
+    attention); every other dim of k and v must match."""
     names = ("q", "k", "v")
     rank = 3 if packed else 4
     layout = "(total, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)"
@@ -45,14 +47,16 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        _fail(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        _fail(f"k and v must have the same shape except the last dim (v's head_dim may differ), got {tuple(k.shape)} "
+              f"and {tuple(v.shape)}")  # fmt: skip
     if not packed and k.shape[0] != q.shape[0]:
         _fail(f"q and k must have the same batch, got {tuple(q.shape)} and {tuple(k.shape)}")
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim:
         _fail(f"q and k must have the same head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
     check_head_dim(head_dim, f" (q shape {tuple(q.shape)})")
+    check_head_dim(v.shape[-1], f" (v's head_dim, v shape {tuple(v.shape)})")
     heads, kv_heads = q.shape[-2], k.shape[-2]
     if kv_heads == 0 or heads % kv_heads != 0:
         _fail(f"k/v heads must divide q heads (GQA/MQA), got {heads} q heads and {kv_heads} kv heads")
@@ -268,13 +272,14 @@ def check_kvcache(q, k_cache, cache_seqlens, check_inputs: bool) -> None:
 
 
 def check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs: bool) -> None:
-    """flash_attn_paged_decode's pools and tables (q/k/v as :func:`check_qkv` sees them)."""
+    """flash_attn_paged_decode's pools and tables (q/k/v as :func:`check_qkv` sees them; v_pages may have a
+    head dim of its own, ``D_v``)."""
     for name, t in (("k_pages", k_pages), ("v_pages", v_pages), ("q", q)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if k_pages.dim() != 4 or k_pages.shape != v_pages.shape:
-        _fail(f"k_pages/v_pages must be (num_pages, page_size, H_kv, D) and equal, got {tuple(k_pages.shape)} "
-              f"and {tuple(v_pages.shape)}")  # fmt: skip
+    if k_pages.dim() != 4 or v_pages.dim() != 4 or k_pages.shape[:-1] != v_pages.shape[:-1]:
+        _fail(f"k_pages must be (num_pages, page_size, H_kv, D) and v_pages (num_pages, page_size, H_kv, D_v), got "
+              f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}")  # fmt: skip
     if k_pages.shape[0] == 0 or k_pages.shape[1] == 0:
         _fail(f"k_pages/v_pages must hold at least one page of at least one token, got {tuple(k_pages.shape)}")
     one_page = (q.shape[0] if q.dim() == 4 else 1, -1, -1, -1)  # page 0 as (B, page_size, H_kv, D)

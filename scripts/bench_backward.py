@@ -13,7 +13,12 @@
 3. ``--max-seqlen``: the longest sequence (multiple of 4096 up to 160k, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
-4. ``--sweep``: every body this GPU can run (``default``, ``tiled``, and ``wgmma`` on Hopper, each with the
+4. Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v 128; part ``value_head_dim``): the backward
+   of the public ``flash_attn_func`` (zero-padded to head dim 256 for the kernels, ``hf_flashpatch/value_head_dim.py``;
+   the pads' backward timed too) against torch's SDPA on the same tensors, its own backend choice. TFLOP/s =
+   2.5 * 2 * B * H * S^2 * (192 + 128) / time (halved for causal): the work at the native dims.
+
+5. ``--sweep``: every body this GPU can run (``default``, ``tiled``, and ``wgmma`` on Hopper, each with the
    tiles the heuristics give it, passed to the kernel layer as an explicit config) at seqlen 4k and 16k, d64
    and d128, causal and not, and the tile/unroll overrides of ``SWEEP_CANDIDATES`` at 4k; each row prints
    TFLOP/s and the max |gradient difference| to the default body's gradients.
@@ -187,6 +192,36 @@ def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS
                 _time_panel(results, impls, base, (batch, heads, seqlen, head_dim, causal))
                 del q, k, v, dout, impls
                 torch.cuda.empty_cache()
+
+
+def _retained_ours(forward_fn, q, k, v, dout):
+    """Backward alone of a public API call: autograd.grad on its forward graph, kept alive across calls. q/k/v
+    ``(B, S, H, D)``, as the API takes them (the peers' ``_retained_backward`` hands them ``(B, H, S, D)`` views)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = forward_fn(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, dout, retain_graph=True)
+
+
+def run_value_head_dim(results: list, quick: bool = False) -> None:
+    """The 192/128 backward rows: ours (the padded route's backward) and torch SDPA (its own backend choice)."""
+    import hf_flashpatch
+    from bench_forward import MLA_DIMS, _mla_inputs
+
+    head_dim, head_dim_v = MLA_DIMS
+    for causal in (False, True):
+        for seqlen in QUICK_SEQLENS if quick else SEQLENS:
+            batch, q, k, v = _mla_inputs(seqlen)
+            dout = torch.randn(*q.shape[:3], head_dim_v, device="cuda", dtype=q.dtype)  # (B, S, H, D_v)
+            ours = lambda a, b, c: hf_flashpatch.flash_attn_func(a, b, c, causal=causal)  # noqa: E731
+            sdpa = lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal)  # noqa: E731
+            impls = {"ours": lambda: _retained_ours(ours, q, k, v, dout),
+                     "sdpa": lambda: _retained_backward(sdpa, q, k, v, dout)}  # fmt: skip
+            base = dict(part="backward", panel=f"bwd d{head_dim}/{head_dim_v} {'causal' if causal else 'full'}",
+                        head_dim=f"{head_dim}/{head_dim_v}", seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s")  # fmt: skip
+            # the work at the native dims: 4 * B * H * S^2 * (192 + 128) / 2 per forward, 2.5x that backward
+            _time_panel(results, impls, base, (batch, q.shape[2], seqlen, (head_dim + head_dim_v) / 2, causal))
+            del q, k, v, dout, impls
+            torch.cuda.empty_cache()
 
 
 FINETUNE_HEADS = (32, 8)  # Llama-3.2-1B: 32 query heads, 8 KV heads of 64
@@ -427,7 +462,7 @@ def run_max_seqlen(results: list, limit: int = 160 * 1024, unit: int = 4096) -> 
                             search_cap=limit, search_s=time.perf_counter() - t0))  # fmt: skip
 
 
-PARTS = ("kernels", "finetune_shapes", "training", "packed")
+PARTS = ("kernels", "finetune_shapes", "value_head_dim", "training", "packed")
 
 
 def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: bool = False, only: tuple = PARTS,
@@ -436,7 +471,7 @@ def run(results: list, quick: bool = False, max_seqlen: bool = False, sweep: boo
     (with ``sweep``) tile-sweep and (with ``max_seqlen``) memory-limit rows to ``results``. A part that fails
     is reported as an error row and the next part still runs."""
     named = {"kernels": lambda r: run_kernels(r, quick, head_dims), "finetune_shapes": lambda r: run_finetune_shapes(r, quick),
-             "training": lambda r: run_training(r, quick),
+             "value_head_dim": lambda r: run_value_head_dim(r, quick), "training": lambda r: run_training(r, quick),
              "packed": lambda r: run_training_packed(r, quick)}  # fmt: skip
     unknown = set(only) - set(named)
     if unknown:

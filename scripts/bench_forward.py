@@ -9,6 +9,12 @@ TFLOP/s = 4 * B * H * S^2 * D / time (halved for causal); time is the median of
 ``triton.testing.do_bench``. ``run(results, quick)`` appends one dict per (implementation, shape)
 for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of :data:`CANDIDATE_SHAPES`
 (passed to the kernel layer explicitly: nothing selects kernels by environment).
+
+Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v head dim 128, :data:`MLA_DIMS`): ours is the
+public ``flash_attn_func``, which zero-pads to head dim 256 for the kernel (``hf_flashpatch/value_head_dim.py``;
+the pads' copies are timed too), against torch's SDPA on the same tensors with the backend torch picks
+itself (flash takes one head dim only). TFLOP/s = 2 * B * H * S^2 * (192 + 128) / time (halved for causal),
+the work at the native dims.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SEQLENS = (2048, 16384)
 HEAD_DIMS = (64, 128)
+MLA_DIMS = (192, 128)  # DeepSeek-V3's q/k and v head dims
+MLA_HEADS = 16  # 16k tokens of 16 heads, as the d128 rows have (hidden 2048 / 128)
 
 
 def _time_ms(fn) -> float:
@@ -115,6 +123,49 @@ def run(results: list, quick: bool = False) -> None:
                             results.append(dict(base, series=f"{mine}/{name}", value=speeds[mine] / value, unit="ratio"))
                 del q, k, v
                 torch.cuda.empty_cache()
+    run_value_head_dim(results, quick)
+
+
+def _mla_inputs(seqlen, dtype=torch.bfloat16):
+    """q/k ``(B, S, H, 192)`` and v ``(B, S, H, 128)``, 16k tokens per batch."""
+    (head_dim, head_dim_v), batch = MLA_DIMS, TOKENS // seqlen
+    q, k = (torch.randn(batch, seqlen, MLA_HEADS, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    v = torch.randn(batch, seqlen, MLA_HEADS, head_dim_v, device="cuda", dtype=dtype)
+    return batch, q, k, v
+
+
+def run_value_head_dim(results: list, quick: bool = False) -> None:
+    """The 192/128 rows: ours (the padded route) and torch SDPA (its own backend choice), same tensors."""
+    import hf_flashpatch
+
+    head_dim, head_dim_v = MLA_DIMS
+    for causal in (False, True):
+        for seqlen in QUICK_SEQLENS if quick else SEQLENS:
+            batch, q, k, v = _mla_inputs(seqlen)
+            qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, S, D | D_v) views
+            impls = {"ours": lambda: hf_flashpatch.flash_attn_func(q, k, v, causal=causal),
+                     "sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)}  # fmt: skip
+            base = dict(part="forward", panel=f"fwd d{head_dim}/{head_dim_v} {'causal' if causal else 'full'}",
+                        head_dim=f"{head_dim}/{head_dim_v}", seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s")  # fmt: skip
+            speeds, outs = {}, {}
+            for name, fn in impls.items():
+                try:
+                    outs[name] = fn()
+                    ms = _time_ms(fn)
+                except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
+                    results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+                    continue
+                # the work at the native dims: Q K^T at 192 and P V at 128, i.e. 4 * ... * (192 + 128) / 2
+                speeds[name] = _tflops(batch, MLA_HEADS, seqlen, (head_dim + head_dim_v) / 2, causal, ms)
+                results.append(dict(base, series=name, value=speeds[name], ms=ms))
+            if "ours" in outs and "sdpa" in outs:
+                diff = (outs["ours"].float() - outs["sdpa"].float()).abs().max().item()
+                next(r for r in results if r.get("panel") == base["panel"] and r.get("seqlen") == seqlen
+                     and r.get("series") == "ours")["max_abs_diff_vs_sdpa"] = diff  # fmt: skip
+            if "ours" in speeds and "sdpa" in speeds:
+                results.append(dict(base, series="ours/sdpa", value=speeds["ours"] / speeds["sdpa"], unit="ratio"))
+            del q, k, v, qt, kt, vt, impls, outs
+            torch.cuda.empty_cache()
 
 
 def _arch() -> str:
@@ -179,6 +230,7 @@ def _print(rows: list) -> None:
     for r in rows:
         value = "-" if r.get("value") is None else f"{r['value']:.3g}"
         extra = f"  maxdiff={r['max_abs_diff_vs_sdpa_flash']:.3g}" if "max_abs_diff_vs_sdpa_flash" in r else ""
+        extra += f"  maxdiff={r['max_abs_diff_vs_sdpa']:.3g}" if "max_abs_diff_vs_sdpa" in r else ""
         extra += f"  {r['error']}" if "error" in r else ""
         extra += "  (default)" if r.get("default") else ""
         print(f"{r['series'][:22]:<22} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>9} "

@@ -270,13 +270,17 @@ def routed_attention(module, query, key, value, attention_mask, **kwargs):
 
 @contextlib.contextmanager
 def serving():
-    """Counts what serves attention: ``"our kernels"`` (calls into the public API) and each fallback reason.
+    """Counts what serves attention: ``"our kernels"`` (calls into the public API) and each fallback reason;
+    ``counts.value_head_dims`` collects the ``(D, D_v)`` of API calls whose V has a head dim of its own.
     Routes to the fallback as attention.py will, while it does not yet; warnings start afresh."""
     counts: collections.Counter = collections.Counter()
+    counts.value_head_dims = set()
 
     def counted(label, function):
         def wrapper(*args, **kwargs):  # the fallback's label is its reason (recomputed if the caller passed none)
             counts[label or kwargs.get("reason") or unsupported.fallback_reason(*args[1:5], kwargs)] += 1
+            if label and args[2].shape[-1] != args[0].shape[-1]:  # an API call: q, k, v first
+                counts.value_head_dims.add((args[0].shape[-1], args[2].shape[-1]))
             return function(*args, **kwargs)
 
         return wrapper
@@ -467,14 +471,17 @@ def test_generate_batch(model_type):
 WHY = {
     unsupported.SINKS: "attention sinks (`s_aux`) of a shape other than one logit per query head; sdpa cannot "
     "take them: the model's own eager attention",
-    unsupported.VALUE_HEAD_DIM: "multi-head latent attention: V's head dim differs from Q/K's, which the kernels "
-    "do not take yet: transformers' sdpa",
+    unsupported.VALUE_HEAD_DIM: "multi-head latent attention in a decode step on a device with the kernels: the "
+    "decode kernels take one head dim (prefill and training are ours, padded): transformers' sdpa",
     unsupported.HEAD_DIM: "Q/K head dim above 256 (Gemma 4's global layers: 512): transformers' sdpa for those "
     "layers, our kernels for the rest",
     unsupported.POSITION_BIAS: "an additive relative-position score bias: transformers' sdpa, which adds it",
     unsupported.UNKNOWN_KWARG: "a keyword the kernels do not implement: the model's own eager attention",
     unsupported.MASK_4D: "a 4-D mask built by the model: transformers' sdpa with that mask",
 }
+SERVED_VALUE_HEAD_DIM = ("multi-head latent attention (V's head dim differs from Q/K's): our forward/backward "
+                         "kernels on inputs zero-padded to one kernel head dim (exact); on a GPU, decode steps over a "
+                         "cache: transformers' sdpa (`value head dim`)")
 HEADER = """# Architectures
 
 What `hf_flashpatch.patch(model)` runs for every causal-LM architecture of transformers {version}, one row
@@ -484,6 +491,10 @@ module `tests/test_architectures.py` checks every row against it: a tiny random 
 and `generate_batch`. Its default run covers {representative}; `-m slow` runs every row.
 
 - **our kernels**: every attention call runs on hf_flashpatch's kernels (their torch fallback on CPU).
+  Multi-head latent attention (DeepSeek-V2/V3 and its family: V's head dim differs from Q/K's) runs the
+  forward/backward kernels on inputs zero-padded to one kernel head dim (exact; `hf_flashpatch/value_head_dim.py`);
+  on a GPU its decode steps over a cache take transformers' sdpa with one `value head dim` warning (the decode
+  kernels take one head dim), which this CPU-made table lists in the row's "why", not in "what runs".
 - **fallback (reason)**: calls our kernels cannot serve go to transformers' own sdpa or eager attention
   (`hf_flashpatch/backend/unsupported.py`), with one warning per reason; never a wrong answer. Where a
   row lists both, some layers run on our kernels and some on the fallback.
@@ -510,6 +521,8 @@ def table_row(model_type: str) -> str:
             ours(input_ids=ids, attention_mask=mask)
         runs = what_runs(counts)
         why = "; ".join(WHY[reason] for reason in sorted(r for r in counts if r != "our kernels"))
+        if counts.value_head_dims:
+            why = "; ".join(filter(None, [SERVED_VALUE_HEAD_DIM, why]))
         if model_type in KNOWN_WRONG:
             why = f"**wrong answer today**: {KNOWN_WRONG[model_type]}" + (f"; {why}" if why else "")
     return f"| `{model_type}` | {row.class_name} | {runs} | {why} |"

@@ -55,10 +55,28 @@ def test_reasons():
     assert reason(q, k, v, None, dict(position_bias=torch.zeros(2, 4, 5, 5))) == unsupported.POSITION_BIAS
     assert reason(q, k, v, None, dict(indices=torch.zeros(2, 5, 3))) == unsupported.UNKNOWN_KWARG
     assert reason(q, k, v, None, dict(indices=None)) is None  # a keyword without a value changes nothing
-    assert reason(*qkv(v_head_dim=4), None, {}) == unsupported.VALUE_HEAD_DIM
+    assert reason(*qkv(v_head_dim=4), None, {}) is None  # served: the API pads it for the kernels (value_head_dim.py)
+    assert reason(*qkv(seqlen_q=1, seqlen_k=9, v_head_dim=4), None, {}) is None  # a CPU decode step: API torch path
     assert reason(*qkv(head_dim=512), None, {}) == unsupported.HEAD_DIM
+    assert reason(*qkv(v_head_dim=320), None, {}) == unsupported.HEAD_DIM
     assert reason(q, k, v, torch.ones(2, 1, 5, 5, dtype=torch.bool), {}) == unsupported.MASK_4D
     assert reason(q, k, v, torch.ones(2, 5, dtype=torch.bool), {}) is None
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, grad, want", [
+    (1, 9, False, unsupported.VALUE_HEAD_DIM),  # a decode step: the decode kernels take one head dim
+    (4, 9, False, unsupported.VALUE_HEAD_DIM),  # speculative decoding: still a decode step
+    (5, 9, False, None),  # chunked prefill: the padded forward kernel
+    (9, 9, False, None),  # prefill
+    (1, 9, True, None),  # gradients: the forward/backward kernels, padded
+])  # fmt: skip
+def test_value_head_dim_reason_on_a_kernel_device(seqlen_q, seqlen_k, grad, want, monkeypatch):
+    """Where the kernels run (faked here), a V head dim of its own leaves the kernels only in a decode step."""
+    monkeypatch.setattr(unsupported, "kernels_unavailable_reason", lambda tensor: None)
+    q, k, v = qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k, v_head_dim=4)
+    q.requires_grad_(grad)
+    assert unsupported.fallback_reason(q, k, v, None, {}) == want
+    assert unsupported.fallback_reason(*qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k), None, {}) is None  # one head dim
 
 
 def left_padded(lengths, total):
@@ -153,17 +171,18 @@ def test_value_head_dim_with_padding_runs_sdpa_and_warns_once():
     q, k, v = qkv(batch=3, seqlen_q=6, seqlen_k=6, head_dim=8, v_head_dim=4)  # MLA-shaped: V narrower
     padding = left_padded((6, 2, 4), 6).bool()
     scale = 0.3
+    reason = unsupported.VALUE_HEAD_DIM
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out, weights = unsupported.fallback_attention(Attention(), q, k, v, padding, scaling=scale)
-        unsupported.fallback_attention(Attention(), q, k, v, padding, scaling=scale)  # same reason: no new warning
+        out, weights = unsupported.fallback_attention(Attention(), q, k, v, padding, scaling=scale, reason=reason)
+        unsupported.fallback_attention(Attention(), q, k, v, padding, scaling=scale, reason=reason)  # no new warning
     assert weights is None and out.shape == (3, 6, 4, 4) and out.is_contiguous()
     visible = unsupported.dense_mask(q, k, padding, True, None, {})
     torch.testing.assert_close(out.double(), naive(q, k, v, visible, scale), atol=1e-5, rtol=1e-5)
     assert out[1, :4].abs().max() == 0  # left-padding query rows: zeros, as on the kernel path
     assert len(caught) == 1
     message = str(caught[0].message)
-    assert "Attention" in message and "(value head dim: value head dim 4, query/key head dim 8)" in message
+    assert "Attention" in message and "(value head dim: value head dim 4, query/key head dim 8, in a decode" in message
     assert "sdpa" in message
 
 
@@ -172,7 +191,7 @@ def test_each_reason_warns_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
-            unsupported.fallback_attention(Attention(), *qkv(v_head_dim=4), None)
+            unsupported.fallback_attention(Attention(), *qkv(v_head_dim=4), None, reason=unsupported.VALUE_HEAD_DIM)
             unsupported.fallback_attention(Attention(), q, k, v, None, position_bias=torch.zeros(2, 4, 5, 5))
     assert len(caught) == 2
     assert {unsupported.VALUE_HEAD_DIM, unsupported.POSITION_BIAS} == unsupported._warned

@@ -1,9 +1,12 @@
 """The attention function registered with transformers' ``AttentionInterface``.
 
 transformers calls ``fn(module, query, key, value, attention_mask, dropout=, scaling=, **kwargs)`` with
-query ``(B, H, S_q, D)`` and key/value ``(B, H_kv, S_k, D)`` (RoPE applied, cache concatenated). We hand
+query ``(B, H, S_q, D)``, key ``(B, H_kv, S_k, D)`` and value ``(B, H_kv, S_k, D_v)`` (RoPE applied, cache
+concatenated; ``D_v`` differs from ``D`` in multi-head latent attention, DeepSeek-V2/V3). We hand
 ``.transpose(1, 2)`` views, i.e. the project layout ``(batch, seqlen, heads, head_dim)``, to the public API
-(no copies: the kernels take strides) and return ``(out (B, S_q, H, D) contiguous, None)``.
+(no copies: the kernels take strides) and return ``(out (B, S_q, H, D_v) contiguous, None)``. A ``D_v != D``
+call runs where any other would (the API pads it for the kernels, exactly), except an eager decode step on
+a device with the kernels, which takes transformers' sdpa (:mod:`.unsupported`, reason ``value head dim``).
 
 The mask arrives from :func:`transformers.masking_utils.flash_attention_mask` (see :mod:`.masks`): ``None``
 for plain causal attention, else a 2-D ``(B, S_mask)`` bool key-padding mask (True = real token). Which
@@ -257,9 +260,11 @@ def attention_forward(
     is_causal: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D)`` -> ``(out (B, S_q, H, D) contiguous, None)``."""
+    """query ``(B, H, S_q, D)``, key ``(B, H_kv, S_k, D)``, value ``(B, H_kv, S_k, D_v)`` ->
+    ``(out (B, S_q, H, D_v) contiguous, None)``."""
     reason = unsupported.fallback_reason(query, key, value, attention_mask, kwargs)
-    if reason is not None:  # sinks, a V head dim of its own, ...: transformers' sdpa/eager, one warning per reason
+    if reason is not None:  # sinks of another shape, a V head dim of its own in a decode step on the kernels' device,
+        # ...: transformers' sdpa/eager, one warning per reason
         return unsupported.fallback_attention(module, query, key, value, attention_mask, dropout=dropout,
                                               scaling=scaling, sliding_window=sliding_window, softcap=softcap,
                                               is_causal=is_causal, reason=reason, **kwargs)  # fmt: skip

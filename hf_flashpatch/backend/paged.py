@@ -66,7 +66,7 @@ def paged_attention_forward(
     -> ``(out (1, T_q, H, D), None)``."""
     check_unsupported(module, dropout, kwargs)
     _check_packed_call(query, kwargs)
-    if paged_kernel.slot_route_declines(module, query, kwargs) is None:
+    if paged_kernel.slot_route_declines(module, query, value, kwargs) is None:
         return paged_kernel.slot_attention(module, query, key, value, scaling, kwargs)
     return paged_attention_forward_torch(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
 

@@ -23,6 +23,13 @@ transformers hands the cache over in one of two forms; each route returns ``(out
 Everything runs on the current stream without a host sync, so CUDA graphs capture it (transformers
 replays decode steps from graphs, with padding sequences of length 0 that read and write nothing).
 
+Both pool forms hold K and V at one head dim per layer. A model whose V has a head dim of its own
+(multi-head latent attention: DeepSeek-V2/V3 and the rest of that family, whose transformers cache holds the
+compressed latents and expands them into K/V after reading) never takes these routes: the slot route
+declines it and the block-table decode path is kept off for it (:func:`block_table_route_unavailable`), so
+its continuous batching runs the gathered path, which our varlen API serves; a block-table call that still
+reaches :func:`block_table_attention` with K/V that do not fit the pool is refused by name, never mis-served.
+
 Whether the routes serve at all is decided here (:func:`slot_route_declines`,
 :func:`block_table_route_unavailable`) by ``kernels_unavailable_reason``: where the kernels cannot run
 (CPU, no pycuda/nvcc), the routes would only trade transformers' gather for the API's gathering
@@ -51,8 +58,11 @@ def _window(sliding_window) -> tuple[int, int] | None:
 # ------------------------------------------------------------------------------------ slot form (< 5.23)
 
 
-def slot_route_declines(module, query: torch.Tensor, kwargs: dict) -> str | None:
-    """Why :func:`slot_attention` should not serve this ``paged|<name>`` call (None: it should)."""
+def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs: dict) -> str | None:
+    """Why :func:`slot_attention` should not serve this ``paged|<name>`` call (None: it should). query
+    ``(1, H, T_q, D)``, value ``(1, H_kv, T_new, D_v)``."""
+    if value.shape[-1] != query.shape[-1]:
+        return f"a value head dim of its own ({value.shape[-1]}, query/key {query.shape[-1]}): the pool keeps one"
     cache = kwargs.get("cache")
     if cache is None or not hasattr(cache, "layer_index_to_group_indices") or not hasattr(cache, "key_cache"):
         return f"a cache without the per-group pool layout of transformers 5.17 ({type(cache).__name__})"
@@ -98,10 +108,15 @@ def slot_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Te
 # ------------------------------------------------------------------------------------ block-table form (>= 5.23)
 
 
-def block_table_route_unavailable() -> str | None:
-    """Why transformers should not send decode batches to :func:`block_table_attention` here (None: it
-    should). Decided before the pool exists, like transformers' own check (``torch.cuda.is_available()``):
-    a model left on the CPU of a GPU machine still gets correct answers, through the API's fallback."""
+def block_table_route_unavailable(config=None) -> str | None:
+    """Why transformers should not send decode batches of a model with ``config`` to :func:`block_table_attention`
+    here (None: it should). Decided before the pool exists, like transformers' own check
+    (``torch.cuda.is_available()``): a model left on the CPU of a GPU machine still gets correct answers,
+    through the API's fallback. Multi-head latent attention (``kv_lora_rank`` in the config) is refused: its
+    cache holds latents, and V a head dim of its own (module docstring)."""
+    if getattr(config, "kv_lora_rank", None) is not None:
+        return (f"multi-head latent attention (kv_lora_rank={config.kv_lora_rank}, v_head_dim="
+                f"{getattr(config, 'v_head_dim', None)}): its cache holds latents and V has a head dim of its own")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return kernels_unavailable_reason(torch.empty(0, device=device))
 
@@ -119,6 +134,24 @@ def _block_table_plan(cu_k: torch.Tensor, table: torch.Tensor, page_size: int) -
     return seqlens, torch.where(position >= 0, page * page_size + position % page_size, -1)
 
 
+def _refuse_what_the_pool_cannot_hold(module, query, key, value, k_pages, v_pages) -> None:
+    """The block-table pools ``(num_pages, page_size, H_kv, D)`` hold K and V at one head dim: new rows
+    ``(1, H_kv, B, D)`` of another shape, or a V head dim of its own, are refused by name."""
+    pool = tuple(k_pages.shape[2:])  # (H_kv, D)
+    fits = value.shape[-1] == query.shape[-1] and all(
+        (t.shape[1], t.shape[-1]) == pool and tuple(p.shape[2:]) == pool for t, p in ((key, k_pages), (value, v_pages))
+    )
+    if not fits:
+        from .attention import UnsupportedAttentionFeature
+
+        raise UnsupportedAttentionFeature(
+            f"hf_flashpatch's block-table route cannot serve {type(module).__name__}: its pools hold K/V rows of "
+            f"(H_kv, D) = {pool} and {tuple(v_pages.shape[2:])}, got query {tuple(query.shape)}, key "
+            f"{tuple(key.shape)} and value {tuple(value.shape)} (a value head dim of its own, or a latent cache, "
+            "as in multi-head latent attention); run generate_batch with max_blocks_per_request=0"
+        )
+
+
 def block_table_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Tensor, None]:
     """The block-table form (module docstring). query ``(1, H, B, D)``: one new token per sequence."""
     k_pages, v_pages = kwargs["k_cache"], kwargs["v_cache"]  # (num_pages, page_size, H_kv, D)
@@ -130,6 +163,7 @@ def block_table_attention(module, query, key, value, scaling, kwargs) -> tuple[t
             f"a block-table call carries one new token per sequence, got query {tuple(query.shape)} "
             f"(1, heads, tokens, head_dim) for a block_table of {batch} sequences"
         )
+    _refuse_what_the_pool_cannot_hold(module, query, key, value, k_pages, v_pages)
     # The pool is in the model's dtype; what is written into it and read with it must match.
     dtype = k_pages.dtype
     q = query[0].transpose(0, 1).to(dtype)[:, None]  # (B, 1, H, D)

@@ -111,7 +111,8 @@ def _allow_block_table_decode() -> None:
     CUDA, because only ``flash_attn_with_kvcache`` can serve it. Ours can
     (:func:`hf_flashpatch.backend.paged_kernel.block_table_attention`), so for our name we keep what the
     config asks for when every layer group keeps a block table (no sliding-window layers) and
-    :func:`~hf_flashpatch.backend.paged_kernel.block_table_route_unavailable` sees no reason against it;
+    :func:`~hf_flashpatch.backend.paged_kernel.block_table_route_unavailable` sees no reason against it (no
+    kernels here, or multi-head latent attention);
     otherwise we turn it off as transformers would. Other names go to transformers' check.
     """
     try:
@@ -135,7 +136,7 @@ def _allow_block_table_decode() -> None:
         except (AttributeError, KeyError):  # a transformers whose cache we do not know: its own verdict
             return original(config, cb_config, user_requested, *args, **kwargs)
         reason = None if keeps_tables else f"layer groups {sorted(groups)} do not all keep a block table"
-        reason = reason or paged_kernel.block_table_route_unavailable()
+        reason = reason or paged_kernel.block_table_route_unavailable(config)
         if reason is not None:
             if user_requested:
                 _log.warning(

@@ -20,6 +20,12 @@ What runs (the mask comes from :func:`.masks.key_padding_mask`, which under comp
 - a mask otherwise (prefill over a static cache, padded training batches): ``torch.cond`` on "every key
   is real" picks the batched kernel or :func:`masked_attention`, the exact dense torch computation of
   the eager path's unpadding semantics, so a compiled model gives the same answer as an eager one.
+
+A v with a head dim of its own (``D_v != D``, multi-head latent attention) takes the same routes: the
+forward op runs on zero-padded inputs (:func:`hf_flashpatch.api.attention_op`, exact), and out has ``D_v``
+columns. Only the decode op does not take it (one head dim; padding the cache per step would cost more than
+the attention): those few-query steps run :func:`masked_attention` instead, exact and dense over their
+``S_q <= DECODE_MAX_QUERIES`` rows.
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ def _row_ranks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softcap, sinks=None, segments=None):
     """Exact attention over a padded batch (traceable, differentiable, memory ``O(B H S_q S_k)``).
 
-    q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, ``key_mask`` ``(B, S_k)`` bool. As in the eager path
+    q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, ``key_mask`` ``(B, S_k)`` bool
+    -> ``(B, S_q, H, D_v)``. As in the eager path
     (unpad, run varlen, pad back): the queries are the last ``S_q`` mask columns, each row's real tokens
     are numbered in order, causal and window compare those numbers (bottom-right aligned per row), padded
     query rows give 0. ``segments`` ``(B, S_k)`` (S_q == S_k): packed sequences, keys visible only within
@@ -77,7 +84,7 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
     group = heads // kv_heads
     qf = q.float().reshape(batch, seqlen_q, kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)  # (B, H_kv, G, S_q, D)
     kf = k.float().permute(0, 2, 1, 3)[:, :, None]  # (B, H_kv, 1, S_k, D)
-    vf = v.float().permute(0, 2, 1, 3)[:, :, None]
+    vf = v.float().permute(0, 2, 1, 3)[:, :, None]  # (B, H_kv, 1, S_k, D_v)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale  # (B, H_kv, G, S_q, S_k)
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
@@ -92,8 +99,8 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
     if sinks is not None:
         denominator = denominator + torch.exp(sink - row_max)
     probs = probs / denominator.clamp_min(1e-30)  # rows with no key stay 0
-    out = torch.matmul(probs, vf)  # (B, H_kv, G, S_q, D)
-    out = out.permute(0, 3, 1, 2, 4).reshape(batch, seqlen_q, heads, head_dim)  # (B, S_q, H, D), a view
+    out = torch.matmul(probs, vf)  # (B, H_kv, G, S_q, D_v)
+    out = out.permute(0, 3, 1, 2, 4).reshape(batch, seqlen_q, heads, v.shape[-1])  # (B, S_q, H, D_v), a view
     return out.to(q.dtype).contiguous()
 
 
@@ -118,13 +125,15 @@ def _key_range(key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.minimum(starts, ends).int(), ends.int()
 
 
-def _kernel(q, k, v, attn, differentiable: bool):
-    """The batched kernel (the decode kernel for few queries without gradients); fallbacks inside the ops."""
+def _kernel(q, k, v, attn, differentiable: bool) -> torch.Tensor:
+    """out of the batched kernel (the decode kernel for few queries without gradients); fallbacks inside the ops."""
     left, right = normalize_window(attn["window"], attn["causal"])
     common = dict(softmax_scale=attn["softmax_scale"], softcap=attn["softcap"], window_left=left, window_right=right)
     if not differentiable and q.shape[1] <= DECODE_MAX_QUERIES and k.shape[1] > 1:
-        return _with_sinks(api.decode_op(q, k, v, None, None, **common), attn)
-    return _with_sinks(api.attention_op(q, k, v, causal=attn["causal"], **common), attn)
+        if v.shape[-1] != q.shape[-1]:  # the decode op takes one head dim (module docstring)
+            return masked_attention(q, k, v, torch.ones(k.shape[:2], dtype=torch.bool, device=k.device), **attn)
+        return _with_sinks(api.decode_op(q, k, v, None, None, **common), attn)[0]
+    return _with_sinks(api.attention_op(q, k, v, causal=attn["causal"], **common), attn)[0]
 
 
 def _with_sinks(result, attn):
@@ -133,8 +142,8 @@ def _with_sinks(result, attn):
 
 
 def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differentiable: bool):
-    """Attention under ``torch.compile`` (see the module docstring). q ``(B, S_q, H, D)``, k/v
-    ``(B, S_k, H_kv, D)``; ``packed`` = ``(cu_q, cu_k, max_q, max_k)`` or None. -> ``(B, S_q, H, D)``."""
+    """Attention under ``torch.compile`` (see the module docstring). q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``,
+    v ``(B, S_k, H_kv, D_v)``; ``packed`` = ``(cu_q, cu_k, max_q, max_k)`` or None. -> ``(B, S_q, H, D_v)``."""
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if packed is not None and attention_mask is None:
         cu_q, cu_k, max_q, max_k = packed
@@ -146,7 +155,7 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
             max_seqlen_k=max_k, causal=attn["causal"], softmax_scale=attn["softmax_scale"], softcap=attn["softcap"],
             window_left=left, window_right=right,
         ), attn)  # fmt: skip
-        return out[None]  # (1, T_q, H, D)
+        return out[None]  # (1, T_q, H, D_v)
     if attention_mask is None:
         if position_ids is not None and batch == 1 and seqlen_q == seqlen_k > 1 and position_ids.dim() == 2:
             flat = position_ids.reshape(1, -1)  # (1, S)
@@ -156,12 +165,14 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
             return torch.cond(
                 segments[0, -1] > 1,
                 lambda q, k, v, seg: masked_attention(*_contiguous_grads(q, k, v), all_real, segments=seg, **attn),
-                lambda q, k, v, seg: _kernel(q, k, v, attn, differentiable)[0],
+                lambda q, k, v, seg: _kernel(q, k, v, attn, differentiable),
                 _cond_operands(q, k, v, segments),
             )
-        return _kernel(q, k, v, attn, differentiable)[0]
+        return _kernel(q, k, v, attn, differentiable)
     key_mask = attention_mask.to(torch.bool)  # (B, S_k)
     if not differentiable and seqlen_q <= DECODE_MAX_QUERIES:
+        if v.shape[-1] != q.shape[-1]:  # the decode op takes one head dim (module docstring)
+            return masked_attention(q, k, v, key_mask, **attn)
         starts, ends = _key_range(key_mask)
         left, right = normalize_window(attn["window"], attn["causal"])
         out, _ = _with_sinks(api.decode_op(
@@ -171,7 +182,7 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
         return out
     return torch.cond(
         key_mask.all(),
-        lambda q, k, v, m: _kernel(q, k, v, attn, differentiable)[0],
+        lambda q, k, v, m: _kernel(q, k, v, attn, differentiable),
         lambda q, k, v, m: masked_attention(*_contiguous_grads(q, k, v), m, **attn),
         _cond_operands(q, k, v, key_mask),
     )

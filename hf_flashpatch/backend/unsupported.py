@@ -13,9 +13,15 @@ which warns once per reason and runs what the model would run under ``attn_imple
   bookkeeping (e.g. the ``indices`` of DeepSeek sparse attention). Ignoring it could change the answer.
   -> the model's own eager function, which defines what the keyword means.
 - ``position bias``: an additive ``(B, H, S_q, S_k)`` score bias (Inkling). -> sdpa, which adds it.
-- ``value head dim``: V's head dim differs from Q/K's (MLA: DeepSeek-V2/V3, GLM-4-MoE-Lite, MiniCPM3).
-  -> sdpa, which takes any V head dim.
-- ``head dim``: Q/K head dim above the kernels' limit (Gemma 4's 512-wide global layers). -> sdpa.
+- ``head dim``: a Q/K (or V) head dim above the kernels' limit (Gemma 4's 512-wide global layers). -> sdpa.
+- ``value head dim``: an eager decode step (at most ``DECODE_MAX_QUERIES`` new tokens over a longer cache,
+  no gradients) whose V head dim differs from Q/K's (multi-head latent attention: DeepSeek-V2/V3,
+  GLM-4-MoE-Lite, MiniCPM3), on a device where the kernels run. -> sdpa, which takes any V head dim.
+  Everything else such a model runs (prefill, training, chunked prefill) is served on the kernels by exact
+  zero-padding (:mod:`hf_flashpatch.value_head_dim`); a decode step is not, because padding the whole cache
+  at every step would cost more than the attention, and the decode kernels take one head dim. On CPU the
+  API's torch path serves it directly, and under ``torch.compile`` :mod:`.traced` runs its exact dense
+  path, so neither comes here.
 - ``4-D mask``: a mask the caller or the model built itself; ours is ``None`` or 2-D. -> sdpa, as is.
 
 sdpa cannot apply a softcap or sinks, so those always go to eager; dropout passes through. Both take the
@@ -36,7 +42,9 @@ import warnings
 
 import torch
 
+from ..kernels import kernels_unavailable_reason
 from ..validate import MAX_HEAD_DIM
+from .traced import DECODE_MAX_QUERIES
 
 # Keywords that do not change what attention computes, or that the kernel path implements: what the backend
 # reads, per-call bookkeeping and continuous batching's (transformers' own lists of those are added at use).
@@ -109,13 +117,24 @@ def fallback_reason(query, key, value, attention_mask, kwargs: dict) -> str | No
         return UNKNOWN_KWARG
     if kwargs.get("position_bias") is not None:
         return POSITION_BIAS
-    if value.shape[-1] != query.shape[-1]:
-        return VALUE_HEAD_DIM
-    if query.shape[-1] > MAX_HEAD_DIM:
+    if max(query.shape[-1], value.shape[-1]) > MAX_HEAD_DIM:
         return HEAD_DIM
+    if value.shape[-1] != query.shape[-1] and decode_step_on_kernels(query, key, value):
+        return VALUE_HEAD_DIM
     if attention_mask is not None and attention_mask.dim() == 4:
         return MASK_4D
     return None
+
+
+def decode_step_on_kernels(query, key, value) -> bool:
+    """An eager decode step (at most ``DECODE_MAX_QUERIES`` query tokens over more keys, no gradients) on a
+    device where the kernels run. query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D | D_v)``. Never under
+    ``torch.compile``: the traced path decides there (and the kernels' availability is a host question)."""
+    if torch.compiler.is_compiling():
+        return False
+    differentiable = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    decode = query.shape[2] <= DECODE_MAX_QUERIES and key.shape[2] > query.shape[2] and not differentiable
+    return decode and kernels_unavailable_reason(query) is None
 
 
 def _detail(reason: str, query, value, attention_mask, kwargs) -> str:
@@ -128,9 +147,10 @@ def _detail(reason: str, query, value, attention_mask, kwargs) -> str:
     if reason == POSITION_BIAS:
         return f"position_bias of shape {tuple(kwargs['position_bias'].shape)}"
     if reason == VALUE_HEAD_DIM:
-        return f"value head dim {value.shape[-1]}, query/key head dim {query.shape[-1]}"
+        return (f"value head dim {value.shape[-1]}, query/key head dim {query.shape[-1]}, in a decode step: the "
+                "decode kernels take one head dim")  # fmt: skip
     if reason == HEAD_DIM:
-        return f"got {query.shape[-1]}, the kernels take up to {MAX_HEAD_DIM}"
+        return f"got {query.shape[-1]} (value {value.shape[-1]}), the kernels take up to {MAX_HEAD_DIM}"
     if reason == MASK_4D:
         return f"mask of shape {tuple(attention_mask.shape)}"
     return reason

@@ -21,7 +21,7 @@ import torch
 
 @dataclass
 class SoftmaxState:
-    o: torch.Tensor  # (..., D) fp32, unnormalised output
+    o: torch.Tensor  # (..., D_v) fp32, unnormalised output (D_v: the values' head dim)
     m: torch.Tensor  # (...,)   fp32, running max score
     d: torch.Tensor  # (...,)   fp32, running sum of exp(score - m)
 
@@ -35,14 +35,14 @@ class SoftmaxState:
 
     def update(self, scores: torch.Tensor, values: torch.Tensor) -> None:
         """Fold in one tile of N keys. scores ``(..., M, N)`` fp32 (``-inf`` = masked) for the
-        state's M query rows; values ``(..., N, D)``, broadcast over the leading dims."""
+        state's M query rows; values ``(..., N, D_v)``, broadcast over the leading dims."""
         m_new = torch.maximum(self.m, scores.amax(dim=-1))
         # Rows that have still seen nothing keep m = -inf; use 0 as the shift there so that
         # exp(-inf - 0) = 0 instead of exp(nan).
         shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         rescale = torch.exp(self.m - shift)  # (...,) shrinks the old accumulator to the new max
         p = torch.exp(scores - shift.unsqueeze(-1))  # (..., N)
-        self.o = self.o * rescale.unsqueeze(-1) + torch.matmul(p, values)  # (..., M, D)
+        self.o = self.o * rescale.unsqueeze(-1) + torch.matmul(p, values)  # (..., M, D_v)
         self.d = self.d * rescale + p.sum(dim=-1)
         self.m = m_new
 

@@ -2,16 +2,18 @@
 
 Two index forms, both describing where each logical token of each sequence lives in a shared pool:
 
-- **block table**: pools ``k_pages, v_pages (num_pages, page_size, H_kv, D)``, ``page_table``
+- **block table**: pools ``k_pages (num_pages, page_size, H_kv, D)`` and ``v_pages`` (the same with v's
+  ``D_v``, which may differ from ``D``), ``page_table``
   int ``(B, max_pages)`` (entry ``p`` of row ``b`` is the physical page holding tokens
   ``p*page_size ... (p+1)*page_size - 1`` of sequence ``b``), ``seqlens_k`` int ``(B,)``;
-- **slot table**: pools ``k_pool, v_pool (num_slots, H_kv, D)``, ``slots`` int ``(total_k,)`` with
+- **slot table**: pools ``k_pool (num_slots, H_kv, D)``, ``v_pool (num_slots, H_kv, D_v)``, ``slots`` int
+  ``(total_k,)`` with
   the physical slot of every logical token, sequences delimited by ``cu_seqlens_k (B + 1,)``. This
   is what transformers' continuous batching passes as ``read_index``; it is a block table with
   ``page_size = 1``.
 
 q is ``(B, S_q, H, D)``: the last ``S_q`` tokens of each sequence (bottom-right causal when
-``causal=True``). Returns ``out (B, S_q, H, D)`` and ``lse (B, H, S_q)``.
+``causal=True``). Returns ``out (B, S_q, H, D_v)`` and ``lse (B, H, S_q)``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .naive import attention_reference
 
 
 def gather_pages(pages: torch.Tensor, page_table_row: torch.Tensor, seqlen: int) -> torch.Tensor:
-    """Un-page one sequence: ``(num_pages, page_size, H_kv, D)`` -> ``(seqlen, H_kv, D)``."""
+    """Un-page one sequence: ``(num_pages, page_size, H_kv, D)`` -> ``(seqlen, H_kv, D)`` (any last dim)."""
     page_size = pages.shape[1]
     num_used = (seqlen + page_size - 1) // page_size
     used = pages[page_table_row[:num_used].long()]  # (num_used, page_size, H_kv, D)

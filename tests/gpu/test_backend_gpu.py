@@ -34,9 +34,14 @@ def tiny_llama(attn_implementation, dtype=torch.bfloat16):
         num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0,
         initializer_range=0.2,  # peaked logits: greedy choices are not near-ties between two backends
     )  # fmt: skip
+    return seeded_on_gpu(LlamaForCausalLM, config, attn_implementation, dtype)
+
+
+def seeded_on_gpu(model_class, config, attn_implementation, dtype):
+    """``model_class(config)`` with seed-0 random weights, built on the GPU, in ``dtype``, in eval mode."""
     torch.manual_seed(0)
     with torch.device(DEVICE):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     model.set_attn_implementation(attn_implementation)
     return model.to(dtype).eval()
 

@@ -1,0 +1,321 @@
+"""A value head dim of its own (``D_v != D``, multi-head latent attention) on CPU: the zero-padding route that
+serves it on the kernels, every API form, the references and the input checks.
+
+Layout (batch, seqlen, heads, head_dim): q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``,
+out ``(B, S_q, H, D_v)``. The padded route is run with the forward op's torch path standing in for the kernel
+(the op picks it on CPU: the same op, autograd and backward the GPU runs) and compared, forward and gradients,
+with the fp32 oracle at the native dims. Where the kernels would run is faked by monkeypatching
+``kernels_unavailable_reason``; the CUDA runs are in ``tests/gpu/test_value_head_dim_gpu.py``.
+"""
+
+import functools
+import math
+
+import pytest
+import torch
+
+import hf_flashpatch as hfp
+from hf_flashpatch import api
+from hf_flashpatch.kernels import backward_torch, decode, forward, forward_torch
+from hf_flashpatch.errors import KernelUnsupported
+from hf_flashpatch.reference import attention_reference, attention_tiled, normalize_window, varlen_attention_reference
+from hf_flashpatch.sinks import add_sinks
+from hf_flashpatch.value_head_dim import kernel_head_dims, padded_attention, padded_head_dim
+
+DIMS = [(192, 128), (96, 64), (64, 32), (128, 256)]  # (q/k head dim, v head dim); DeepSeek-V3's first
+TOL = dict(atol=2e-5, rtol=2e-5)
+GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _qkv(batch=2, seqlen_q=9, seqlen_k=13, heads=4, kv_heads=2, dims=(24, 16), seed=0, packed=False):
+    gen = torch.Generator().manual_seed(seed)
+    head_dim, head_dim_v = dims
+    lead_q, lead_k = ((batch * seqlen_q,), (batch * seqlen_k,)) if packed else ((batch, seqlen_q), (batch, seqlen_k))
+    q = torch.randn(*lead_q, heads, head_dim, generator=gen)
+    k = torch.randn(*lead_k, kv_heads, head_dim, generator=gen)
+    v = torch.randn(*lead_k, kv_heads, head_dim_v, generator=gen)
+    return q, k, v
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
+def _grads(outputs, inputs, seed=5):
+    """Gradients of ``sum(out * g)`` (+ ``sum(lse * g_lse)``) with fixed random cotangents."""
+    gen = torch.Generator().manual_seed(seed)
+    cotangents = [torch.randn(o.shape, generator=gen) for o in outputs]
+    return torch.autograd.grad(outputs, inputs, cotangents)
+
+
+# ------------------------------------------------------------------------------------ the padded route
+
+CASES = {  # name: (batch kwargs of _qkv, attention kwargs)
+    "mha": (dict(heads=3, kv_heads=3), dict(causal=False)),
+    "gqa causal": (dict(), dict(causal=True)),
+    "mqa window": (dict(kv_heads=1), dict(causal=True, window=(4, 0))),
+    "gqa softcap": (dict(), dict(causal=True, softcap=3.0)),
+    "gqa sinks": (dict(), dict(causal=True, sinks=True)),
+}
+
+
+def _route_kwargs(attention):
+    left, right = normalize_window(attention.get("window"), attention["causal"])
+    return dict(causal=attention["causal"], window_left=left, window_right=right, softcap=attention.get("softcap"))
+
+
+def _recording_torch_kernel(calls):
+    """The forward op with its torch path (what serves the op on CPU), recording the shapes and scale it got."""
+
+    def attend(q, k, v, **kwargs):
+        calls.append((q.shape[-1], k.shape[-1], v.shape[-1], kwargs["softmax_scale"]))
+        return forward.attention_forward(q, k, v, torch_fallback=True, **kwargs)
+
+    return attend
+
+
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize("case", list(CASES))
+def test_padded_route_is_exact_forward_and_gradients(dims, case):
+    """out, lse, dq, dk, dv (and dsinks) of the padded route equal the oracle's at the native head dims; the
+    kernel gets one head dim P (the smallest kernel head dim >= both) and the scale 1/sqrt(D), not 1/sqrt(P)."""
+    shape, attention = CASES[case]
+    q, k, v = _qkv(dims=dims, **shape)
+    sinks = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(9)) if attention.get("sinks") else None
+    leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
+    calls = []
+    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves[:3], softmax_scale=None,
+                                **_route_kwargs(attention))  # fmt: skip
+    if sinks is not None:
+        out, lse = add_sinks(out, lse, leaves[3])
+    ref_leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
+    ref_sinks = None if sinks is None else ref_leaves[3]
+    ref_out, ref_lse = attention_reference(*ref_leaves[:3], causal=attention["causal"], window=attention.get("window"),
+                                           softcap=attention.get("softcap"), sinks=ref_sinks)  # fmt: skip
+    padded = padded_head_dim(*dims)
+    assert calls == [(padded, padded, padded, 1.0 / math.sqrt(dims[0]))]
+    assert out.shape == (*q.shape[:3], dims[1]) and out.is_contiguous()
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    got = _grads((out, lse), leaves)
+    want = _grads((ref_out, ref_lse), ref_leaves)
+    for name, g, w in zip(["dq", "dk", "dv", "dsinks"], got, want):
+        assert g.shape == w.shape, name
+        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+
+
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
+def test_padded_route_varlen_is_exact(dims):
+    """Packed sequences of lengths 5, 1 and 7 (and two padding rows past cu_seqlens[-1]) through the varlen op."""
+    q, k, v = _qkv(batch=1, seqlen_q=15, seqlen_k=15, heads=4, kv_heads=2, dims=dims, packed=True)
+    cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
+    leaves = _leaves(q, k, v)
+    calls = []
+    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves, softmax_scale=0.1, causal=True,
+                                window_left=-1, window_right=0, softcap=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                max_seqlen_q=7, max_seqlen_k=7)  # fmt: skip
+    ref_leaves = _leaves(q, k, v)
+    ref_out, ref_lse = varlen_attention_reference(*ref_leaves, cu, cu, causal=True, softmax_scale=0.1)
+    assert calls[0][3] == 0.1  # an explicit scale passes through
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    assert torch.equal(out[13:], torch.zeros_like(out[13:]))
+    for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+
+
+def test_padded_head_dim_is_the_smallest_kernel_head_dim_that_fits():
+    assert kernel_head_dims() == (32, 64, 96, 128, 256)  # forward and backward kernels both take these
+    assert [padded_head_dim(*d) for d in DIMS] == [256, 96, 64, 256]  # 96/64: only v is padded
+    assert padded_head_dim(24, 16) == 32 and padded_head_dim(1, 1) == 32
+    assert padded_head_dim(300, 16) == 300  # no kernel head dim that large: the kernels decline, the fallback serves
+    with pytest.raises(ValueError, match=r"q and k must share a head dim, got q \(1, 2, 2, 8\) and k \(1, 2, 2, 4\)"):
+        padded_attention(None, torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4),
+                         softmax_scale=None)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ the public API
+
+
+@pytest.fixture
+def kernel_device(monkeypatch):
+    """The API as it runs where the kernels do, on CPU: the kernel calls go to the ops' torch paths. Records
+    the head dims the forward op gets; the decode kernels must never be asked for ``D_v != D``."""
+    monkeypatch.setattr(api, "kernels_unavailable_reason", lambda tensor: None)
+    forward_calls = []
+    real_forward = forward.attention_forward
+
+    def forward_op(q, k, v, **kwargs):
+        forward_calls.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real_forward(q, k, v, **{**kwargs, "torch_fallback": True})
+
+    def no_decode(q, k, v, *args, **kwargs):
+        assert v.shape[-1] == q.shape[-1], "a decode kernel was asked for a value head dim of its own"
+        raise KernelUnsupported("decode kernel faked away")
+
+    monkeypatch.setattr(forward, "attention_forward", forward_op)
+    for name in ("decode_forward", "paged_decode_forward", "slot_varlen_forward"):
+        monkeypatch.setattr(decode, name, no_decode)
+    monkeypatch.setattr(api, "_warned", set())
+    return forward_calls
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_flash_attn_func_on_a_kernel_device_takes_the_padded_forward_never_decode(kernel_device, grad):
+    """Inference calls would try the decode kernel first; with D_v != D they go straight to the padded forward."""
+    q, k, v = _qkv(seqlen_q=2, seqlen_k=17, dims=(48, 32))
+    leaves = _leaves(q, k, v) if grad else [q, k, v]
+    sinks = torch.randn(q.shape[2])
+    out, lse = hfp.flash_attn_func(*leaves, causal=True, softcap=4.0, sinks=sinks, return_lse=True)
+    ref_leaves = _leaves(q, k, v)
+    ref_out, ref_lse = attention_reference(*ref_leaves, causal=True, softcap=4.0, sinks=sinks)
+    assert kernel_device == [(64, 64, 64)]
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    if grad:
+        for name, g, w in zip(["dq", "dk", "dv"], _grads((out, lse), leaves), _grads((ref_out, ref_lse), ref_leaves)):
+            torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+
+
+def test_varlen_on_a_kernel_device_takes_the_padded_forward(kernel_device):
+    q, k, v = _qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(96, 64), packed=True)
+    cu = torch.tensor([0, 4, 12], dtype=torch.int32)
+    leaves = _leaves(q, k, v)
+    out = hfp.flash_attn_varlen_func(*leaves, cu, cu, 8, 8, causal=True, window=(2, 0))
+    ref_leaves = _leaves(q, k, v)
+    ref_out, _ = varlen_attention_reference(*ref_leaves, cu, cu, causal=True, window=(2, 0))
+    assert kernel_device == [(96, 96, 96)]  # only v is padded
+    torch.testing.assert_close(out, ref_out, **TOL)
+    for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+
+
+def test_decode_functions_on_a_kernel_device_take_the_fallback_with_one_warning(kernel_device):
+    """with_kvcache, paged decode and the slot function decline D_v != D (padding the cache would cost more
+    than the attention) and give the fallback's exact answer, warning once per reason."""
+    q, k_cache, v_cache = _qkv(batch=3, seqlen_q=1, seqlen_k=10, dims=(48, 32))
+    lens = torch.tensor([10, 3, 7], dtype=torch.int32)
+    with pytest.warns(UserWarning, match=r"decode kernels take one head dim for q/k and v, got 48 and 32"):
+        out = hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens, softcap=2.0)
+    page_table = torch.arange(15, dtype=torch.int32).view(3, 5)  # pages of 2: row b owns pages 5b..5b+4
+    paged = hfp.flash_attn_paged_decode(q, k_cache.reshape(15, 2, 2, 48), v_cache.reshape(15, 2, 2, 32), page_table,
+                                        lens, softcap=2.0)  # fmt: skip
+    slots = torch.cat([torch.arange(b * 10, b * 10 + n) for b, n in enumerate(lens.tolist())])
+    cu_k = torch.tensor([0, 10, 13, 20], dtype=torch.int32)
+    cu_q = torch.arange(4, dtype=torch.int32)
+    slot = hfp.flash_attn_slot_varlen_func(q[:, 0], k_cache.reshape(30, 2, 48), v_cache.reshape(30, 2, 32), slots,
+                                           cu_q, cu_k, 1, 10, causal=True, softcap=2.0)  # fmt: skip
+    for b, n in enumerate(lens.tolist()):
+        want, _ = attention_reference(q[b : b + 1], k_cache[b : b + 1, :n], v_cache[b : b + 1, :n], causal=True,
+                                      softcap=2.0)  # fmt: skip
+        torch.testing.assert_close(out[b : b + 1], want, **TOL)
+        torch.testing.assert_close(paged[b : b + 1], want, **TOL)
+        torch.testing.assert_close(slot[b], want[0, 0], **TOL)
+    assert kernel_device == []  # no forward kernel either: the decode paths never pad
+
+
+# ------------------------------------------------------------------------------------ CPU: every API form
+
+
+@pytest.mark.parametrize("kwargs", [dict(causal=False), dict(causal=True, window=(3, 0)),
+                                    dict(causal=True, softcap=5.0)])  # fmt: skip
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+def test_cpu_fallback_of_every_batched_form_matches_the_oracle(kwargs, heads):
+    q, k, v = _qkv(seqlen_q=7, seqlen_k=11, heads=heads[0], kv_heads=heads[1], dims=(24, 8))
+    ref_out, ref_lse = attention_reference(q, k, v, **kwargs)
+    out, lse = hfp.flash_attn_func(q, k, v, return_lse=True, **kwargs)  # the tiled reference
+    torch.testing.assert_close(out, ref_out, **TOL)
+    torch.testing.assert_close(lse, ref_lse, **TOL)
+    torch.testing.assert_close(hfp.flash_attn_func(q, k, v, **kwargs), ref_out, **TOL)  # sdpa where exact
+    one = q[:, -1:]
+    want, _ = attention_reference(one, k, v, **{**kwargs, "causal": True})
+    torch.testing.assert_close(hfp.flash_attn_with_kvcache(one, k, v, **kwargs), want, **TOL)
+    empty = hfp.flash_attn_with_kvcache(one[:0], k[:0], v[:0], return_lse=True)
+    assert empty[0].shape == (0, 1, heads[0], 8) and empty[1].shape == (0, heads[0], 1)
+
+
+def test_cpu_fallback_gradients_match_the_oracle():
+    q, k, v = _qkv(seqlen_q=6, seqlen_k=9, dims=(40, 24))
+    leaves, ref_leaves = _leaves(q, k, v), _leaves(q, k, v)
+    out, lse = hfp.flash_attn_func(*leaves, causal=True, return_lse=True)
+    ref_out, ref_lse = attention_reference(*ref_leaves, causal=True)
+    for name, g, w in zip(["dq", "dk", "dv"], _grads((out, lse), leaves), _grads((ref_out, ref_lse), ref_leaves)):
+        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+
+
+def test_references_and_torch_paths_agree_at_a_value_head_dim_of_their_own():
+    """naive, tiled, the ops' torch forward and torch backward: one function, D_v != D included."""
+    q, k, v = _qkv(seqlen_q=10, seqlen_k=14, dims=(24, 40))
+    scale = 24**-0.5
+    naive, naive_lse = attention_reference(q, k, v, causal=True, window=(5, 0))
+    tiled, tiled_lse = attention_tiled(q, k, v, causal=True, window=(5, 0), block_m=4, block_n=4)
+    torch_out, torch_lse = forward_torch.attention_with_lse(q, k, v, scale, 5, 0, 0.0)
+    for out, lse in ((tiled, tiled_lse), (torch_out, torch_lse)):
+        assert out.shape == naive.shape == (2, 10, 4, 40)
+        torch.testing.assert_close(out, naive, **TOL)
+        torch.testing.assert_close(lse, naive_lse, **TOL)
+    leaves = _leaves(q, k, v)
+    ref_out, _ = attention_reference(*leaves, causal=True, window=(5, 0))
+    dout = torch.randn(ref_out.shape)
+    want = torch.autograd.grad(ref_out, leaves, dout)
+    got = backward_torch.torch_backward(dout, q, k, v, naive, naive_lse, None, None, None, scale, 5, 0, 0.0)
+    for name, g, w in zip(["dq", "dk", "dv"], got, want):
+        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    packed_out, _ = forward_torch.varlen_attention_with_lse(q[0], k[0, :10], v[0, :10], cu, cu, scale, -1, 0, 0.0)
+    want_packed, _ = varlen_attention_reference(q[0], k[0, :10], v[0, :10], cu, cu, causal=True)
+    torch.testing.assert_close(packed_out, want_packed, **TOL)
+
+
+# ------------------------------------------------------------------------------------ input checks
+
+
+@pytest.mark.parametrize(
+    "shapes, error, match",
+    [
+        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 6, 2, 8)), ValueError,
+         r"k and v must have the same shape except the last dim .*got \(2, 7, 2, 16\) and \(2, 6, 2, 8\)"),
+        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 1, 8)), ValueError, r"except the last dim"),
+        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 2, 0)), ValueError,
+         r"head_dim must be in 1\.\.256, got 0 \(v's head_dim"),
+        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 2, 320)), ValueError,
+         r"got 320 \(v's head_dim, v shape \(2, 7, 2, 320\)"),
+        (((2, 5, 4, 16), (2, 7, 2, 12), (2, 7, 2, 16)), ValueError, r"q and k must have the same head_dim"),
+    ],
+)  # fmt: skip
+def test_bad_value_shapes_name_what_was_received(shapes, error, match):
+    q, k, v = (torch.randn(*s) for s in shapes)
+    with pytest.raises(error, match=match):
+        hfp.flash_attn_func(q, k, v)
+
+
+def test_bad_paged_pools_name_what_was_received():
+    q = torch.randn(1, 1, 4, 16)
+    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"v_pages \(num_pages, page_size, H_kv, D_v\), got \(3, 4, 2, 16\) and "
+                                         r"\(3, 2, 2, 8\)"):  # fmt: skip
+        hfp.flash_attn_paged_decode(q, torch.randn(3, 4, 2, 16), torch.randn(3, 2, 2, 8), table, lens)
+    out = hfp.flash_attn_paged_decode(q, torch.randn(3, 4, 2, 16), torch.randn(3, 4, 2, 8), table, lens)
+    assert out.shape == (1, 1, 4, 8)
+
+
+def test_decode_op_refuses_a_value_head_dim_of_its_own():
+    """The compile-safe decode op's fake gives q's shape: it must not be handed D_v != D (traced.py routes it)."""
+    q, k, v = _qkv(seqlen_q=1, dims=(24, 16))
+    refusal = r"decode_op takes one head dim .*q \(2, 1, 4, 24\) and v_cache \(2, 13, 2, 16\)"
+    with pytest.raises(ValueError, match=refusal):
+        api.decode_op(q, k, v, None, None, softmax_scale=None, softcap=None, window_left=-1, window_right=0)
+    out, lse = api.attention_op(q, k, v, causal=True, softmax_scale=None, softcap=None, window_left=-1,
+                                window_right=-1)  # fmt: skip
+    want, want_lse = attention_reference(q, k, v, causal=True)
+    torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(lse, want_lse, **TOL)
+
+
+def test_the_forward_op_compiles_whole_with_a_value_head_dim_of_its_own():
+    """attention_op under torch.compile(fullgraph=True): the pads, the op (its fake: one head dim) and the slice."""
+    q, k, v = _qkv(dims=(24, 16))
+    op = functools.partial(api.attention_op, causal=True, softmax_scale=None, softcap=None, window_left=-1,
+                           window_right=-1)  # fmt: skip
+    compiled = torch.compile(lambda q, k, v: op(q, k, v)[0], fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), attention_reference(q, k, v, causal=True)[0], **TOL)
