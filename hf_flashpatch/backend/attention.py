@@ -247,19 +247,10 @@ def unpadded_attention(q, k, v, key_mask: torch.Tensor, layer_idx=None, **attn):
     return out.index_put(plan.rows_q, out_packed)  # padded query rows stay 0
 
 
-def attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    is_causal: bool | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip  (transformers' attention signature)
     """query ``(B, H, S_q, D)``, key ``(B, H_kv, S_k, D)``, value ``(B, H_kv, S_k, D_v)`` ->
     ``(out (B, S_q, H, D_v) contiguous, None)``."""
     reason = unsupported.fallback_reason(query, key, value, attention_mask, kwargs)

@@ -52,16 +52,9 @@ def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
         raise ValueError(f"paged attention expects one packed batch row, got query of shape {tuple(query.shape)}")
 
 
-def paged_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                            **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """``paged|<name>`` (transformers < 5.23). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
     -> ``(out (1, T_q, H, D), None)``."""
     check_unsupported(module, dropout, kwargs)
@@ -102,16 +95,9 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
     return out.contiguous(), None
 
 
-def continuous_batching_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def continuous_batching_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                                **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """The continuous-batching name on transformers >= 5.23: decode batches with a ``block_table`` take the
     block-table route, every other call is :func:`hf_flashpatch.backend.attention.attention_forward`'s.
     query ``(1, H, T_q, D)`` -> ``(out (1, T_q, H, D), None)``."""

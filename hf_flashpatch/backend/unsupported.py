@@ -164,20 +164,10 @@ def warn_once(reason: str, message: str) -> None:
         warnings.warn(message, stacklevel=4)
 
 
-def fallback_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    is_causal: bool | None = None,
-    reason: str | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
+def fallback_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+                       reason: str | None = None, **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """query ``(B, H, S_q, D)``, key/value ``(B, H_kv, S_k, D | D_v)`` -> ``(out (B, S_q, H, D_v), None)``.
 
     Runs transformers' ``sdpa_attention_forward``, or the model's own ``eager_attention_forward`` for

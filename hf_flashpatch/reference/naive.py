@@ -18,18 +18,10 @@ import torch
 from .masks import normalize_window, visibility_mask
 
 
-def attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    softmax_scale: float | None = None,
-    window=None,
-    softcap: float | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                        softmax_scale: float | None = None, window=None, softcap: float | None = None,
+                        key_padding_mask: torch.Tensor | None = None,
+                        sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Naive fp32 attention. ``key_padding_mask``: optional bool ``(B, S_k)``, True = real key. ``sinks``:
     optional ``(H,)``, one extra logit per query head in every row's softmax, with no value (GPT-OSS);
     the lse includes it."""

@@ -19,18 +19,9 @@ from .masks import normalize_window, visibility_mask
 from .online_softmax import SoftmaxState
 
 
-def attention_tiled(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    softmax_scale: float | None = None,
-    window=None,
-    softcap: float | None = None,
-    block_m: int = 64,
-    block_n: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_tiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                    softmax_scale: float | None = None, window=None, softcap: float | None = None, block_m: int = 64,
+                    block_n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
     group = heads // kv_heads
