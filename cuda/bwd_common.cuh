@@ -21,11 +21,8 @@
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
       scale_log2, softcap_in, softcap_out, left, right, total_q, total_k, heavy_first
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef ELEM_BF16
-#define ELEM_BF16 1
+#if !defined(HEAD_DIM) || !defined(ELEM_BF16)
+#error "HEAD_DIM and ELEM_BF16 come from the build (hf_flashpatch/kernels/backward.py, BackwardConfig.build)"
 #endif
 #ifndef BLOCK_M  // query rows per inner step of bwd_dkdv
 #define BLOCK_M 64

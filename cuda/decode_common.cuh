@@ -16,17 +16,8 @@
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
 
-#ifndef HEAD_DIM
-#define HEAD_DIM 128
-#endif
-#ifndef ELEM_BF16
-#define ELEM_BF16 1
-#endif
-#ifndef SOFTCAP
-#define SOFTCAP 0
-#endif
-#ifndef STAGES
-#define STAGES 3
+#if !defined(HEAD_DIM) || !defined(ELEM_BF16) || !defined(SOFTCAP) || !defined(STAGES)
+#error "HEAD_DIM, ELEM_BF16, SOFTCAP and STAGES come from the build (hf_flashpatch/kernels/decode_config.py)"
 #endif
 // D = 32 keeps the per-key form: with both copy forms ptxas spills 4 bytes in its prologue.
 #define PAGE_TILES (KV_ADDRESSING == 1 && HEAD_DIM != 32)

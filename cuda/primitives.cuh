@@ -6,37 +6,34 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace hfp {
 
 // ---------------------------------------------------------------- element types
 // ELEM_BF16 = 1 selects __nv_bfloat16, else __half. Kernels are compiled once per dtype.
-template <bool kBf16> struct ElemTraits;
-template <> struct ElemTraits<true> {
-  using T = __nv_bfloat16;
-  using T2 = __nv_bfloat162;
-  static __device__ __forceinline__ float to_float(T x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ T from_float(float x) { return __float2bfloat16_rn(x); }
+template <bool kBf16>
+struct ElemTraits {
+  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
+  using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+  static __device__ __forceinline__ float to_float(T x) {
+    if constexpr (kBf16) return __bfloat162float(x);
+    else return __half2float(x);
+  }
+  static __device__ __forceinline__ T from_float(float x) {
+    if constexpr (kBf16) return __float2bfloat16_rn(x);
+    else return __float2half_rn(x);
+  }
   static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    T2 v = __floats2bfloat162_rn(lo, hi);
+    T2 v;
+    if constexpr (kBf16) v = __floats2bfloat162_rn(lo, hi);
+    else v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
   static __device__ __forceinline__ float2 unpack2(uint32_t u) {
-    T2 v = *reinterpret_cast<T2*>(&u);
-    return __bfloat1622float2(v);
-  }
-};
-template <> struct ElemTraits<false> {
-  using T = __half;
-  using T2 = __half2;
-  static __device__ __forceinline__ float to_float(T x) { return __half2float(x); }
-  static __device__ __forceinline__ T from_float(float x) { return __float2half_rn(x); }
-  static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    T2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-  static __device__ __forceinline__ float2 unpack2(uint32_t u) {
-    T2 v = *reinterpret_cast<T2*>(&u);
-    return __half22float2(v);
+    const T2 v = *reinterpret_cast<T2*>(&u);
+    if constexpr (kBf16) return __bfloat1622float2(v);
+    else return __half22float2(v);
   }
 };
 
