@@ -65,29 +65,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
-  // Masked (causal / window) problems: the last query tiles see the most keys; launch them first.
-  const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
 
-  // ---- sequence bounds (varlen: token offsets from cu_seqlens, batch strides unused)
-  const SequenceSpan span = sequence_span(p, batch);
-  const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
-  const int seqlen_q = span.seqlen_q, seqlen_k = span.seqlen_k, group = p.group;
-  const int packed_rows = seqlen_q * group;
-  const int p0 = m_block * BLOCK_M;
-  if (p0 >= packed_rows) return;
-  // bottom-right alignment: query i sits at key i + seqlen_k - seqlen_q
-  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, p.window_left, p.window_right);
-
-  const Elem* q_base = p.q + batch * p.q_batch_stride + q_token0 * p.q_seq_stride + (int64_t)kv_head * group * p.q_head_stride;
-  const Elem* k_base = p.k + batch * p.k_batch_stride + k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
-  const Elem* v_base = p.v + batch * p.v_batch_stride + k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
-
-  // ---- key tiles this query tile can see: the union of its rows' visible ranges
-  const KeyTiles tiles = visible_key_tiles<kWindowed, BLOCK_M, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
-  const int mask_lo = tiles.mask_lo, mask_hi = tiles.mask_hi;
-  const int n_block_max = tiles.n_block_max, num_tiles = tiles.num_tiles;
+  // ---- the tile's rows and the key tiles they see (varlen: token offsets from cu_seqlens)
+  const QueryTile tile = query_tile<kWindowed, BLOCK_M, BLOCK_N>(p);
+  if (tile.empty()) return;
+  const int seqlen_k = tile.span.seqlen_k, group = tile.group, packed_rows = tile.packed_rows, p0 = tile.p0;
+  const int n_block_max = tile.keys.n_block_max, num_tiles = tile.keys.num_tiles;
+  const Elem *q_base = tile.q_rows, *k_base = tile.k_rows, *v_base = tile.v_rows;
 
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16 * kMT;
@@ -153,8 +137,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 
     // ---- soft-cap, mask, online softmax
     if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
-    if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
-      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
+    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
+      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, tile.shifts, seqlen_k);
     softmax.update(scores, acc_o, p.scale_log2);
 
     // ---- O += P V, P taken straight from the score accumulators
@@ -181,12 +165,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       const int packed = p0 + row;
       if (t == 0 && packed < packed_rows) {
         const int pos = group == 1 ? packed : packed / group;
-        const int head = kv_head * group + (packed - pos * group);
-        p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + q_token0 + pos] = row_lse[mt][h];
+        const int head = tile.kv_head * group + (packed - pos * group);
+        p.lse[tile.batch * p.lse_batch_stride + head * p.lse_head_stride + tile.span.q_token0 + pos] = row_lse[mt][h];
       }
     }
   __syncthreads();
-  Elem* o_base = p.out + batch * p.o_batch_stride + q_token0 * p.o_seq_stride + (int64_t)kv_head * group * p.o_head_stride;
+  Elem* o_base = out_rows(p, tile);
   // The store walks chunks exactly as the Q load did; a fresh read of the thread index stops the
   // compiler from keeping the load's addresses alive (and spilled) across the key loop.
   store_o_tile<HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,

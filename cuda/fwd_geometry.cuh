@@ -87,5 +87,50 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, i
   return {mask_lo, mask_hi, n_block_min, n_block_max, n_block_max - n_block_min};
 }
 
+// What this CTA works on: query tile m_block of the (kv head, batch) pair of grid (query tiles, kv heads,
+// batch), masked problems' last query tiles (the ones that see the most keys) launched first; its
+// sequence's rows (span), the tile's kBlockM packed rows from p0, and the key tiles those rows see.
+// Bottom-right alignment: query i sits at key i + seqlen_k - seqlen_q (shifts). A tile that starts past
+// the sequence's packed rows is empty: the CTA returns before any barrier.
+struct QueryTile {
+  int kv_head, batch;
+  SequenceSpan span;
+  int group, packed_rows, p0;
+  WindowShifts shifts;
+  KeyTiles keys;
+  // (B, S, H, D) rows of the pair: Q's first row of head kv_head * group, K's and V's of kv_head
+  const Elem* q_rows;
+  const Elem* k_rows;
+  const Elem* v_rows;
+  __device__ __forceinline__ bool empty() const { return p0 >= packed_rows; }
+};
+
+template <bool kWindowed, int kBlockM, int kBlockN>
+__device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
+  const int m_block = kWindowed ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int kv_head = blockIdx.y, batch = blockIdx.z;
+  QueryTile tile;
+  tile.kv_head = kv_head;
+  tile.batch = batch;
+  tile.span = sequence_span(p, batch);
+  tile.group = p.group;
+  tile.packed_rows = tile.span.seqlen_q * p.group;
+  tile.p0 = m_block * kBlockM;
+  tile.shifts = window_shifts(tile.span.seqlen_k - tile.span.seqlen_q, p.window_left, p.window_right);
+  tile.keys = visible_key_tiles<kWindowed, kBlockM, kBlockN>(tile.p0, tile.packed_rows, p.group, tile.shifts,
+                                                             tile.span.seqlen_k);
+  tile.q_rows = p.q + batch * p.q_batch_stride + tile.span.q_token0 * p.q_seq_stride +
+                (int64_t)kv_head * p.group * p.q_head_stride;
+  tile.k_rows = p.k + batch * p.k_batch_stride + tile.span.k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
+  tile.v_rows = p.v + batch * p.v_batch_stride + tile.span.k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
+  return tile;
+}
+
+// The output rows of the tile's pair, like QueryTile::q_rows.
+__device__ __forceinline__ Elem* out_rows(const FwdParams& p, const QueryTile& tile) {
+  return p.out + tile.batch * p.o_batch_stride + tile.span.q_token0 * p.o_seq_stride +
+         (int64_t)tile.kv_head * tile.group * p.o_head_stride;
+}
+
 }  // namespace fwd
 }  // namespace hfp

@@ -54,21 +54,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const uint32_t empty_bars = full_bars + KV_STAGES * 8;      // (KV_STAGES,)
 
   const int tid = threadIdx.x;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
-  const int m_block = HAS_MASK ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
 
-  // ---- sequence bounds and visible key tiles (as in fwd_hopper.cu), computed by every warp
-  const SequenceSpan span = sequence_span(p, batch);
-  const int64_t q_token0 = span.q_token0, k_token0 = span.k_token0;
-  const int seqlen_q = span.seqlen_q, seqlen_k = span.seqlen_k, group = p.group;
-  const int packed_rows = seqlen_q * group;
-  const int p0 = m_block * kBlockM;
-  if (p0 >= packed_rows) return;  // the whole CTA, before any barrier
-  const WindowShifts shifts = window_shifts(seqlen_k - seqlen_q, p.window_left, p.window_right);
-  const KeyTiles tiles = visible_key_tiles<kWindowed, kBlockM, BLOCK_N>(p0, packed_rows, group, shifts, seqlen_k);
-  const int mask_lo = tiles.mask_lo, mask_hi = tiles.mask_hi;
-  const int n_block_max = tiles.n_block_max, num_tiles = tiles.num_tiles;
+  // ---- the tile's rows and the key tiles they see, computed by every warp (fwd_geometry.cuh)
+  const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p);
+  if (tile.empty()) return;  // the whole CTA, before any barrier
+  const int seqlen_k = tile.span.seqlen_k, group = tile.group, packed_rows = tile.packed_rows, p0 = tile.p0;
+  const int n_block_max = tile.keys.n_block_max, num_tiles = tile.keys.num_tiles;
 
   if (tid == 0) {
 #pragma unroll
@@ -82,9 +73,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
-    const Elem* q_base = p.q + batch * p.q_batch_stride + q_token0 * p.q_seq_stride + (int64_t)kv_head * group * p.q_head_stride;
-    const Elem* k_base = p.k + batch * p.k_batch_stride + k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
-    const Elem* v_base = p.v + batch * p.v_batch_stride + k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
+    const Elem *q_base = tile.q_rows, *k_base = tile.k_rows, *v_base = tile.v_rows;
     for_each_packed_chunk<HEAD_DIM, kBlockM, kProducerThreads>(
         tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
           const Elem* src = q_base + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
@@ -147,8 +136,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     fence_operands(s_flat);
 
     if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
-    if (key0 < mask_lo || key0 + BLOCK_N > mask_hi)
-      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, shifts, seqlen_k);
+    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
+      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, tile.shifts, seqlen_k);
     softmax.rescale(acc_o, correction, softmax.exponentiate(scores, correction, p.scale_log2));
     pack_probabilities(probs, scores);
 
@@ -169,10 +158,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   softmax.finalize(inv_sum, row_lse, p.scale_log2);
   named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
   Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, kv_head, batch, p.lse,
-                    p.lse_batch_stride, p.lse_head_stride, q_token0);
+  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, tile.kv_head, tile.batch, p.lse,
+                    p.lse_batch_stride, p.lse_head_stride, tile.span.q_token0);
   named_barrier_sync(kMathBarrier, kMathThreads);
-  Elem* o_base = p.out + batch * p.o_batch_stride + q_token0 * p.o_seq_stride + (int64_t)kv_head * group * p.o_head_stride;
+  Elem* o_base = out_rows(p, tile);
   store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
                                                 fresh_thread_index() - kProducerThreads);
 }
