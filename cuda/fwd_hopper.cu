@@ -6,7 +6,8 @@
 //
 // One CTA computes BLOCK_M = 64 * NUM_WG packed rows (query positions x the query heads of one GQA
 // group) of one (kv head, batch) pair; warpgroup w owns rows [64 w, 64 w + 64), its warp j rows
-// 64 w + 16 j + [0, 16). Per key tile (walked from the last visible tile down):
+// 64 w + 16 j + [0, 16). Per key tile (walked from the last visible tile down; consume_key_tile in
+// fwd_hopper_common.cuh, the step the warp-specialised body runs too):
 //   S = Q K^T: wgmma m64 x BLOCK_N x k16, Q and K both from SW128 shared-memory tiles (K-major);
 //   soft-cap, mask (boundary tiles only), online softmax in base 2: the accumulator layout is, per warp,
 //   mma.sync's C layout, so fwd_softmax.cuh's code (MT = 1) applies unchanged;
@@ -69,15 +70,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     cp_async_commit();
   }
 
-  float acc_o[1][kOT][4];  // (1, O column blocks, C fragment): unnormalised output rows
-  zero_fragments(acc_o);
-  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(acc_o);
-  OnlineSoftmax<1> softmax;
-  softmax.init();
-  float scores[1][kNT][4];
-  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  uint32_t probs[BLOCK_N / 16][4];
-
+  MathRows rows;
+  rows.init();
   // Wait for tile i, then request tile i + kLookahead into its ring slot (free: the tile it held was
   // consumed by every warpgroup before the barrier). One commit group per tile, empty or not.
   auto advance_ring = [&](int i) {
@@ -93,60 +87,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     }
     cp_async_commit();
   };
-  // Soft-cap and mask the scores of key tile i, then the first half of the online softmax.
-  float correction[1][2];
-  auto exponentiate_tile = [&](int i) -> bool {
-    const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
-    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
-      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, tile.shifts, seqlen_k);
-    return softmax.exponentiate(scores, correction, p.scale_log2);
-  };
-  // A wgmma that reads P from registers reads them after its issue: the compiler, which sees the asm
-  // consume them at issue, must not reuse those registers until the product retired.
-  // Issue one product as its own wgmma group (fence, MMAs, commit), its accumulators fenced on both sides.
-  auto start_scores = [&](SteppedDescriptor k_tile) {
-    fence_operands(s_flat);
-    wgmma_fence();
-    issue_scores(s_flat, desc.q_rows, k_tile);
-    wgmma_commit();
-    fence_operands(s_flat);
-  };
-  auto start_pv = [&](SteppedDescriptor v_tile) {
-    fence_operands(o_flat);
-    wgmma_fence();
-    issue_pv(o_flat, probs, v_tile);
-    wgmma_commit();
-    fence_operands(o_flat);
-  };
-  auto retire_pv = [&]() {
-    wgmma_wait<0>();
-    fence_operands(o_flat);
-    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-  };
 
   for (int i = 0; i < num_tiles; ++i) {
     advance_ring(i);
     const uint32_t slot_offset = (i % KV_STAGES) * kKVBytes;
-    start_scores(desc.k_ring.plus(slot_offset));
-    wgmma_wait<0>();
-    fence_operands(s_flat);
-    softmax.rescale(acc_o, correction, exponentiate_tile(i));
-    pack_probabilities(probs, scores);
-    start_pv(desc.v_ring.plus(slot_offset));
-    retire_pv();
+    consume_key_tile<kWindowed>(rows, p, tile, (n_block_max - 1 - i) * BLOCK_N, p0 + warp_row0 + g, t, desc.q_rows,
+                                desc.k_ring.plus(slot_offset), desc.v_ring.plus(slot_offset));
   }
 
-  // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
-  float inv_sum[1][2], row_lse[1][2];
-  softmax.finalize(inv_sum, row_lse, p.scale_log2);
-  cp_async_wait<0>();
-  __syncthreads();  // every warpgroup is done reading Q / K / V shared memory
-  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, tile.kv_head, tile.batch, p.lse,
-                    p.lse_batch_stride, p.lse_head_stride, tile.span.q_token0);
-  __syncthreads();
-  Elem* o_base = out_rows(p, tile);
-  store_o_tile<HEAD_DIM, kBlockM, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
-                                            fresh_thread_index());
+  // ---- epilogue (fwd_hopper_common.cuh): normalise, LSE, stage in shared memory, 16-byte stores
+  cp_async_wait<0>();  // no copy is in flight into the ring the output is staged in
+  store_output(rows, p, tile, smem_raw, smem, warp_row0, g, t, [] { __syncthreads(); }, 0);
 }

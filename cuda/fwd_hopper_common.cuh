@@ -129,28 +129,56 @@ __device__ __forceinline__ void pack_probabilities(uint32_t (&p)[BLOCK_N / 16][4
   }
 }
 
-// Epilogue: a warp's 16 normalised output rows into the staging tile smem_o (padded rows, bf16/fp16) and
-// their LSE to global memory; the caller syncs its threads before and after, then stores the tile.
-__device__ __forceinline__ void stage_output_rows(Elem* smem_o, const float (&acc_o)[1][kOT][4],
-                                                  const float (&inv_sum)[1][2], const float (&row_lse)[1][2],
-                                                  int warp_row0, int g, int t, int p0, int packed_rows, int group,
-                                                  int kv_head, int batch, float* lse, int64_t lse_batch_stride,
-                                                  int64_t lse_head_stride, int64_t q_token0) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = warp_row0 + h * 8 + g;
-#pragma unroll
-    for (int ot = 0; ot < kOT; ++ot) {
-      const uint32_t packed2 = Traits::pack2(acc_o[0][ot][2 * h] * inv_sum[0][h], acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
-      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
-    }
-    const int packed = p0 + row;
-    if (t == 0 && packed < packed_rows) {
-      const int pos = group == 1 ? packed : packed / group;
-      const int head = kv_head * group + (packed - pos * group);
-      lse[batch * lse_batch_stride + head * lse_head_stride + q_token0 + pos] = row_lse[0][h];
-    }
+// The state a math warpgroup's threads carry through the key loop (mma.sync C-fragment layout per warp):
+// the unnormalised output rows and their online softmax.
+struct MathRows {
+  float acc_o[1][kOT][4];  // (1, O column blocks, C fragment)
+  hfp::fwd::OnlineSoftmax<1> softmax;
+
+  __device__ __forceinline__ void init() {
+    hfp::zero_fragments(acc_o);
+    softmax.init();
   }
+};
+
+// The key loop's step, the one both Hopper bodies run: key tile key0 (K and V already in the ring slot
+// the descriptors name) against this warpgroup's 64 rows. S = Q K^T, soft-cap, mask (boundary tiles
+// only), online softmax in base 2, O += P V, both products on wgmma. row: the packed row of this thread's
+// first accumulator row (p0 + warp_row0 + g); t: lane % 4. The bodies differ only in how a tile arrives
+// in its slot and how the slot is released.
+template <bool kWindowed>
+__device__ __forceinline__ void consume_key_tile(MathRows& rows, const hfp::fwd::FwdParams& p,
+                                                 const hfp::fwd::QueryTile& tile, int key0, int row, int t,
+                                                 hfp::sm90::SteppedDescriptor q_rows, hfp::sm90::SteppedDescriptor k_tile,
+                                                 hfp::sm90::SteppedDescriptor v_tile) {
+  using namespace hfp::sm90;
+  float scores[1][kNT][4];
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
+  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(rows.acc_o);
+  uint32_t probs[BLOCK_N / 16][4];
+  float correction[1][2];
+  // Each product is its own wgmma group (fence, MMAs, commit), retired before its registers are touched;
+  // the operand fences keep the compiler from reusing the registers a wgmma reads after its issue.
+  fence_operands(s_flat);
+  wgmma_fence();
+  issue_scores(s_flat, q_rows, k_tile);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(s_flat);
+
+  if (p.softcap_pre_scale != 0.f) hfp::fwd::apply_softcap(scores, p.softcap_pre_scale);
+  if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
+    hfp::fwd::apply_mask<kWindowed>(scores, key0 + 2 * t, row, tile.group, tile.shifts, tile.span.seqlen_k);
+  rows.softmax.rescale(rows.acc_o, correction, rows.softmax.exponentiate(scores, correction, p.scale_log2));
+  pack_probabilities(probs, scores);
+
+  fence_operands(o_flat);
+  wgmma_fence();
+  issue_pv(o_flat, probs, v_tile);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(o_flat);
+  fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
 }
 
 __device__ __forceinline__ int fresh_thread_index() {
@@ -158,5 +186,41 @@ __device__ __forceinline__ int fresh_thread_index() {
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
   return index;
 }
+
+// The epilogue both bodies run once every math warp is past the ring (sync_math(): a barrier over the
+// kMathThreads threads that own rows): normalise, write each row's LSE, stage the tile in shared memory
+// over the K ring (padded rows) and store it with 16-byte writes. math_thread: this thread's index among
+// them, read afresh (fresh_thread_index) so the compiler does not keep the prologue's addresses alive.
+template <typename SyncMath>
+__device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::FwdParams& p,
+                                             const hfp::fwd::QueryTile& tile, unsigned char* smem_raw,
+                                             const SharedTiles& smem, int warp_row0, int g, int t, SyncMath sync_math,
+                                             int producer_threads) {
+  float inv_sum[1][2], row_lse[1][2];
+  rows.softmax.finalize(inv_sum, row_lse, p.scale_log2);
+  sync_math();  // every math warp is done reading the ring
+  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (smem.k_ring - smem.raw));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = warp_row0 + h * 8 + g;
+#pragma unroll
+    for (int ot = 0; ot < kOT; ++ot) {
+      const uint32_t packed2 =
+          Traits::pack2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
+    }
+    const int packed = tile.p0 + row;
+    if (t == 0 && packed < tile.packed_rows) {
+      const int pos = tile.group == 1 ? packed : packed / tile.group;
+      const int head = tile.kv_head * tile.group + (packed - pos * tile.group);
+      p.lse[tile.batch * p.lse_batch_stride + head * p.lse_head_stride + tile.span.q_token0 + pos] = row_lse[0][h];
+    }
+  }
+  sync_math();
+  hfp::fwd::store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride,
+                                                          p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
+                                                          fresh_thread_index() - producer_threads);
+}
+
 
 }  // namespace

@@ -9,8 +9,9 @@
 // tile has landed it fences the copies into the async proxy (fence.proxy.async) and arrives on that
 // slot's "full" mbarrier (128 arrivals); before reusing a slot it waits on the slot's "empty" mbarrier,
 // which every math warp arrives on once its products have read the tile. Warpgroups 1..NUM_WG (240
-// registers each) own 64 query rows each and run the plain body of fwd_hopper.cu: S = Q K^T, soft-cap,
-// mask, online softmax, O += P V, all on wgmma. Without a block-wide barrier per tile the math warpgroups
+// registers each) own 64 query rows each and run the key-loop step both Hopper bodies share
+// (consume_key_tile in fwd_hopper_common.cuh): S = Q K^T, soft-cap, mask, online softmax, O += P V, all on
+// wgmma. Without a block-wide barrier per tile the math warpgroups
 // drift apart, so one's softmax overlaps the other's products.
 //
 // The producer declares tile i full only after issuing tile i + 2, so the ring needs three stages to keep
@@ -113,55 +114,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int warp_row0 = warp * 16;
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
-  float acc_o[1][kOT][4];
-  zero_fragments(acc_o);
-  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(acc_o);
-  OnlineSoftmax<1> softmax;
-  softmax.init();
-  float scores[1][kNT][4];
-  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  uint32_t probs[BLOCK_N / 16][4];
-  float correction[1][2];
-
+  MathRows rows;
+  rows.init();
   for (int i = 0; i < num_tiles; ++i) {
     const int slot = i % KV_STAGES;
     mbarrier_wait(full_bars + 8 * slot, (i / KV_STAGES) & 1);
-    const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-
-    fence_operands(s_flat);
-    wgmma_fence();
-    issue_scores(s_flat, desc.q_rows, desc.k_ring.plus(slot * kKVBytes));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s_flat);
-
-    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
-    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
-      apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, tile.shifts, seqlen_k);
-    softmax.rescale(acc_o, correction, softmax.exponentiate(scores, correction, p.scale_log2));
-    pack_probabilities(probs, scores);
-
-    fence_operands(o_flat);
-    wgmma_fence();
-    issue_pv(o_flat, probs, desc.v_ring.plus(slot * kKVBytes));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(o_flat);
-    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-
+    consume_key_tile<kWindowed>(rows, p, tile, (n_block_max - 1 - i) * BLOCK_N, p0 + warp_row0 + g, t, desc.q_rows,
+                                desc.k_ring.plus(slot * kKVBytes), desc.v_ring.plus(slot * kKVBytes));
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty_bars + 8 * slot);  // this warp is done with the slot
   }
 
-  // ---- epilogue: normalise, LSE, stage the tile in shared memory (padded rows), 16-byte stores
-  float inv_sum[1][2], row_lse[1][2];
-  softmax.finalize(inv_sum, row_lse, p.scale_log2);
-  named_barrier_sync(kMathBarrier, kMathThreads);  // every math warp is done reading the ring
-  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (k_ring - smem.raw));
-  stage_output_rows(smem_o, acc_o, inv_sum, row_lse, warp_row0, g, t, p0, packed_rows, group, tile.kv_head, tile.batch, p.lse,
-                    p.lse_batch_stride, p.lse_head_stride, tile.span.q_token0);
-  named_barrier_sync(kMathBarrier, kMathThreads);
-  Elem* o_base = out_rows(p, tile);
-  store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
-                                                fresh_thread_index() - kProducerThreads);
+  // ---- epilogue (fwd_hopper_common.cuh): normalise, LSE, stage in shared memory, 16-byte stores
+  store_output(rows, p, tile, smem_raw, smem, warp_row0, g, t, [] { named_barrier_sync(kMathBarrier, kMathThreads); },
+               kProducerThreads);
 }
