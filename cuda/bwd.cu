@@ -149,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
   const int2 sq = sequence(cu_q, b, seqlen_q, total_q), sk = sequence(cu_k, b, seqlen_k, total_k);
   const int m0 = m_block * kQBlockM;
   if (m0 >= sq.y) return;
-  const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};
+  const Visibility vis = visibility(sq.y, sk.y, left, right);
   const Scores sc{scale_log2, softcap_in, softcap_out};
   const int hk = h / (heads / kv_heads);
   const int bw = cu_q == nullptr ? b : 0;

@@ -4,6 +4,7 @@
 // kv_heads, head_dim), varlen packed along the token dim.
 #pragma once
 #include "primitives.cuh"
+#include "visibility.cuh"
 
 // The dK/dV kernels' parameters (hf_flashpatch/kernels/sources.py reads the launch's letters from here)
 // and the same names as arguments: every dK/dV body (bwd_default.cuh, bwd_tiled.cuh, bwd_hopper.cuh)
@@ -103,35 +104,6 @@ static_assert(kBlockM % kDqWarpRows == 0 && kDqRowWarps * kDqWarpRows <= kBlockM
 static_assert(kQBlockN % 16 == 0, "bwd_dq key tile");
 static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ column chunks must tile a warp's columns");
 
-struct Visibility {
-  // Query i (of seqlen_q) sees key j (of seqlen_k) iff j < seqlen_k, i < seqlen_q and
-  // i + offset - left <= j <= i + offset + right (a negative bound is unbounded); offset = sk - sq
-  // is the bottom-right alignment.
-  int seqlen_q, seqlen_k, offset, left, right;
-  __device__ __forceinline__ bool visible(int i, int j) const {
-    return i < seqlen_q && j < seqlen_k && (left < 0 || j >= i + offset - left) &&
-           (right < 0 || j <= i + offset + right);
-  }
-  // True when every (i, j) of the tile is visible, so the per-element test can be skipped.
-  __device__ __forceinline__ bool tile_all_visible(int m0, int m1, int n0, int n1) const {
-    return m1 <= seqlen_q && n1 <= seqlen_k && (right < 0 || n1 - 1 <= m0 + offset + right) &&
-           (left < 0 || n0 >= m1 - 1 + offset - left);
-  }
-  // Query rows [begin, end) that see at least one key of [n0, n1).
-  __device__ __forceinline__ int2 query_range(int n0, int n1) const {
-    int begin = 0, end = seqlen_q;
-    if (right >= 0) begin = max(begin, n0 - offset - right);
-    if (left >= 0) end = min(end, n1 - 1 - offset + left + 1);
-    return make_int2(begin, end);
-  }
-  // Key columns [begin, end) seen by at least one query of [m0, m1).
-  __device__ __forceinline__ int2 key_range(int m0, int m1) const {
-    int begin = 0, end = seqlen_k;
-    if (left >= 0) begin = max(begin, m0 + offset - left);
-    if (right >= 0) end = min(end, m1 - 1 + offset + right + 1);
-    return make_int2(begin, end);
-  }
-};
 
 // The steps of a dK/dV block over key block [n0, n_end): query blocks of kStepM rows from m_first on, the
 // m_count that see at least one of its keys, each once per query head of the GQA group.

@@ -117,7 +117,7 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   const int2 sq = sequence(cu_q, b, seqlen_q, total_q), sk = sequence(cu_k, b, seqlen_k, total_k);
   const int n0 = n_block * kTBlockN;
   if (n0 >= sk.y) return;
-  const Visibility vis{sq.y, sk.y, sk.y - sq.y, left, right};
+  const Visibility vis = visibility(sq.y, sk.y, left, right);
   const Scores sc{scale_log2, softcap_in, softcap_out};
   const int group = heads / kv_heads;
   const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)

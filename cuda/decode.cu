@@ -47,9 +47,9 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   // Visible key range of the tile's rows (bottom-right aligned: token i sits at key i + L - n_q).
   const int shift = seqlen_k - n_q;
   const int pos_first = first_row / group + shift, pos_last = (first_row + rows_valid - 1) / group + shift;
-  int k_lo = max(p.kv.key_start(b), p.window_left >= 0 ? pos_first - p.window_left : 0);
-  int k_hi = p.window_right >= 0 ? min(seqlen_k, pos_last + p.window_right + 1) : seqlen_k;
-  k_hi = max(k_hi, k_lo);
+  const WindowShifts window = window_shifts(0, p.window_left, p.window_right);  // pos already holds the shift
+  int k_lo = max(p.kv.key_start(b), row_key_range<true>(pos_first, window, seqlen_k).lo);
+  int k_hi = max(row_key_range<true>(pos_last, window, seqlen_k).hi, k_lo);
   // Split the range in chunks that are whole multiples of the CTA's 64-key stride.
   const int span = k_hi - k_lo;
   const int chunk = ((span + p.num_splits - 1) / p.num_splits + kWarps * kTileKeys - 1) / (kWarps * kTileKeys) *
@@ -182,8 +182,9 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   for (int half = 0; half < 2; ++half) {
     const int r = g + half * 8;
     const int pos = (first_row + r) / group + shift;
-    vis_lo[half] = p.window_left >= 0 ? max(0, pos - p.window_left) : 0;
-    vis_hi[half] = p.window_right >= 0 ? min(seqlen_k - 1, pos + p.window_right) : seqlen_k - 1;
+    const RowKeyRange keys = row_key_range<true>(pos, window, seqlen_k);
+    vis_lo[half] = keys.lo;
+    vis_hi[half] = keys.hi - 1;
     if (r >= rows_valid) vis_hi[half] = -1;
   }
 

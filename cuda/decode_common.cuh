@@ -15,6 +15,7 @@
 #pragma once
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
+#include "visibility.cuh"
 
 #if !defined(HEAD_DIM) || !defined(ELEM_BF16) || !defined(SOFTCAP) || !defined(STAGES)
 #error "HEAD_DIM, ELEM_BF16, SOFTCAP and STAGES come from the build (hf_flashpatch/kernels/decode_config.py)"

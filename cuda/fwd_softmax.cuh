@@ -7,6 +7,7 @@
 // partial maxima with quad shuffles.
 #pragma once
 #include "primitives.cuh"
+#include "visibility.cuh"
 
 namespace hfp {
 namespace fwd {
@@ -14,32 +15,7 @@ namespace fwd {
 constexpr float kNegInf = -__builtin_huge_valf();
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Visibility of keys for one query row, in key coordinates (bottom-right aligned, see
-// hf_flashpatch/reference/masks.py): key j is visible iff lo <= j < hi.
-struct RowKeyRange {
-  int lo;  // first visible key: max(0, pos + offset - left)
-  int hi;  // one past the last visible key: min(seqlen_k, pos + offset + right + 1)
-};
-
-// The window as two shifts from a query position (offset = seqlen_k - seqlen_q), so a row's range
-// costs two adds and a clamp. An unbounded side gets a shift of -+2^30, which the clamp to
-// [0, seqlen_k] absorbs (positions stay far below 2^30, so nothing overflows).
-struct WindowShifts {
-  int lo;  // pos + lo = first visible key before clamping
-  int hi;  // pos + hi = one past the last visible key before clamping
-};
-
-__device__ __forceinline__ WindowShifts window_shifts(int offset, int left, int right) {
-  constexpr int kUnbounded = 1 << 30;
-  return {left >= 0 ? offset - left : -kUnbounded, right >= 0 ? offset + right + 1 : kUnbounded};
-}
-
-// kWindowed = false (no causal / window compiled in): every key below seqlen_k is visible.
-template <bool kWindowed>
-__device__ __forceinline__ RowKeyRange row_key_range(int pos, WindowShifts w, int seqlen_k) {
-  if constexpr (!kWindowed) return {0, seqlen_k};
-  return {max(0, pos + w.lo), min(seqlen_k, pos + w.hi)};
-}
+// Which keys a row sees (WindowShifts, row_key_range): cuda/visibility.cuh.
 
 // Online softmax over the key tiles of 2 * MT rows, in base 2.
 // Invariants after each tile, per row:
