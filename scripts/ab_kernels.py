@@ -1,6 +1,6 @@
 """A/B of two source trees of the project on the GPU: same calls, same inputs, interleaved processes.
 
-    python scripts/ab_kernels.py --tree base=/path/to/old/checkout --tree head=. [--rounds 3]
+    python scripts/ab_kernels.py --tree base=/path/to/old/checkout --tree head=. [--rounds 3] [--only REGEX]
 
 Checks that a refactor of the kernel layer changed neither results nor speed. Each round starts one
 worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in alternating
@@ -26,6 +26,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def _time_ms(torch, fn, repeats):
     return statistics.median(times)
 
 
-def worker(tree: str, out: str, repeats: int) -> None:
+def worker(tree: str, out: str, repeats: int, only: str) -> None:
     sys.path.insert(0, str(Path(tree).resolve()))
     import torch
 
@@ -111,6 +112,8 @@ def worker(tree: str, out: str, repeats: int) -> None:
     assert Path(hfp.__file__).resolve().is_relative_to(Path(tree).resolve()), hfp.__file__
     times, outputs = {}, {}
     for name, (fn, form) in _cases(torch, hfp).items():
+        if not re.search(only, name):
+            continue
         result = fn()
         outputs[name] = [t.detach().cpu() for t in (result if isinstance(result, tuple) else (result,))]
         if form == "eager":
@@ -129,10 +132,11 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH, the first is the base")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--only", default="", metavar="REGEX", help="only the cases whose name matches")
     parser.add_argument("--worker", nargs=2, metavar=("TREE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(*args.worker, args.repeats)
+        return worker(*args.worker, args.repeats, args.only)
     trees = [t.split("=", 1) for t in args.tree]
     scratch = Path(tempfile.mkdtemp(prefix="ab_kernels_"))
     runs = {name: [] for name, _ in trees}
@@ -142,7 +146,8 @@ def main() -> None:
             out = str(scratch / f"{name}_{round_}.json")
             env = dict(os.environ, HF_FLASHPATCH_CACHE=str(scratch / f"cache_{name}"))
             env["PYTHONPATH"] = os.pathsep.join([str(Path(path).resolve()), env.get("PYTHONPATH", "")])
-            subprocess.run([sys.executable, __file__, "--worker", path, out, "--repeats", str(args.repeats)],
+            subprocess.run([sys.executable, __file__, "--worker", path, out, "--repeats", str(args.repeats),
+                            "--only", args.only],
                            check=True, env=env)  # fmt: skip
             runs[name].append(json.loads(Path(out).read_text()))
     import torch
