@@ -134,7 +134,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int64_t q_sb, int64_t q_ss, int64_t q_sh,
     int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb, int64_t v_ss, int64_t v_sh, int64_t do_sb,
     int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k, int heads, int kv_heads, int rows_pad,
-    float softmax_scale, float scale_log2, float softcap_in, float softcap_out, int left, int right, int total_q,
+    float softmax_scale, float scale_log2, float softcap_pre, float softcap_log2, int left, int right, int total_q,
     int total_k) {
   extern __shared__ __align__(16) unsigned char dq_smem_raw[];
   T* q_s = reinterpret_cast<T*>(dq_smem_raw);  // (kQBlockM, kPadD)
@@ -150,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
   const int m0 = m_block * kQBlockM;
   if (m0 >= sq.y) return;
   const Visibility vis = visibility(sq.y, sk.y, left, right);
-  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const ScoreScale sc{scale_log2, softcap_pre, softcap_log2};
   const int hk = h / (heads / kv_heads);
   const int bw = cu_q == nullptr ? b : 0;
 
@@ -201,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
       for (int r = 0; r < 4; ++r) {
         const int col = j * 8 + 2 * t4 + (r & 1);
         float dt = 1.f;
-        float x = exp2f(sc.logit(p[j][r], &dt) - (r < 2 ? lse_lo : lse_hi));
+        float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(p[j][r], dt) - (r < 2 ? lse_lo : lse_hi));
         if (!full && !vis.visible(m0 + row0 + g + (r >> 1) * 8, n0 + col)) x = 0.f;
         p[j][r] = x;
 #if HAS_SOFTCAP

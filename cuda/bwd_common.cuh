@@ -4,6 +4,7 @@
 // kv_heads, head_dim), varlen packed along the token dim.
 #pragma once
 #include "primitives.cuh"
+#include "score_scale.cuh"
 #include "visibility.cuh"
 
 // The dK/dV kernels' parameters (hf_flashpatch/kernels/sources.py reads the launch's letters from here)
@@ -15,12 +16,12 @@
       T *__restrict__ dk, T *__restrict__ dv, const int *__restrict__ cu_q, const int *__restrict__ cu_k,    \
       int64_t q_sb, int64_t q_ss, int64_t q_sh, int64_t k_sb, int64_t k_ss, int64_t k_sh, int64_t v_sb,      \
       int64_t v_ss, int64_t v_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int seqlen_q, int seqlen_k,   \
-      int heads, int kv_heads, int rows_pad, float softmax_scale, float scale_log2, float softcap_in,        \
-      float softcap_out, int left, int right, int total_q, int total_k, int heavy_first
+      int heads, int kv_heads, int rows_pad, float softmax_scale, float scale_log2, float softcap_pre,       \
+      float softcap_log2, int left, int right, int total_q, int total_k, int heavy_first
 #define HFP_DKDV_ARGS                                                                                       \
   q, k, v, dout, lse2_ws, dvec_ws, dq_accum, dk, dv, cu_q, cu_k, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb,   \
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
-      scale_log2, softcap_in, softcap_out, left, right, total_q, total_k, heavy_first
+      scale_log2, softcap_pre, softcap_log2, left, right, total_q, total_k, heavy_first
 
 #if !defined(HEAD_DIM) || !defined(ELEM_BF16)
 #error "HEAD_DIM and ELEM_BF16 come from the build (hf_flashpatch/kernels/backward.py, BackwardConfig.build)"
@@ -192,22 +193,6 @@ __device__ __forceinline__ void zero(float (&acc)[N][4]) {
 #pragma unroll
   for (int j = 0; j < N; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 }
-
-struct Scores {
-  float scale_log2;  // softmax_scale * log2(e)
-  float softcap_in;  // softmax_scale / softcap (tanh argument per raw score)
-  float softcap_out; // softcap * log2(e)
-  // Raw dot product -> log2-domain logit; *dtanh receives 1 - tanh^2 for the softcap chain rule.
-  __device__ __forceinline__ float logit(float s, float* dtanh) const {
-#if HAS_SOFTCAP
-    const float t = tanhf(s * softcap_in);
-    *dtanh = 1.f - t * t;
-    return t * softcap_out;
-#else
-    return s * scale_log2;
-#endif
-  }
-};
 
 // Order of the dK/dV blocks, chosen per launch (hf_flashpatch/kernels/backward.py, dkdv_grid). The hardware hands
 // blocks out x fastest. heavy_first = 1: grid (kv heads, key blocks, batch), so block 0 of every KV head of a

@@ -31,7 +31,7 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
   const int n0 = n_block * kBlockN;
   if (n0 >= sk.y) return;
   const Visibility vis = visibility(sq.y, sk.y, left, right);
-  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const ScoreScale sc{scale_log2, softcap_pre, softcap_log2};
   const int group = heads / kv_heads;
   const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
 
@@ -97,7 +97,7 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
       for (int r = 0; r < 4; ++r) {
         const int col = j * 8 + 2 * t4 + (r & 1);
         float dt = 1.f;
-        float x = exp2f(sc.logit(p[j][r], &dt) - lses[col]);
+        float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(p[j][r], dt) - lses[col]);
         if (!full && !vis.visible(m0 + col, n0 + key_row0 + g + (r >> 1) * 8)) x = 0.f;
         p[j][r] = x;
 #if HAS_SOFTCAP

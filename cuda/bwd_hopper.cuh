@@ -157,7 +157,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   const int n0 = n_block * kHBlockN;
   if (n0 >= sk.y) return;
   const Visibility vis = visibility(sq.y, sk.y, left, right);
-  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const ScoreScale sc{scale_log2, softcap_pre, softcap_log2};
   const int group = heads / kv_heads;
   const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
 
@@ -286,7 +286,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
           const int col = j * 8 + 2 * t4 + (r & 1);
           const int key = key_w + (r >> 1) * 8;
           float dt = 1.f;
-          float x = exp2f(sc.logit(s[4 * j + r], &dt) - lses[col]);
+          float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(s[4 * j + r], dt) - lses[col]);
           if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
           s[4 * j + r] = x;
           dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;

@@ -118,7 +118,7 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   const int n0 = n_block * kTBlockN;
   if (n0 >= sk.y) return;
   const Visibility vis = visibility(sq.y, sk.y, left, right);
-  const Scores sc{scale_log2, softcap_in, softcap_out};
+  const ScoreScale sc{scale_log2, softcap_pre, softcap_log2};
   const int group = heads / kv_heads;
   const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
 
@@ -190,7 +190,7 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
             const int col = s_q0 + j * 8 + 2 * t4 + (r & 1);          // query within the tile
             const int key = s_key0 + mt * 16 + g + (r >> 1) * 8;       // key within the block
             float dt = 1.f;
-            float x = exp2f(sc.logit(s[mt][j][r], &dt) - lses[col]);
+            float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(s[mt][j][r], dt) - lses[col]);
             if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
             pv[r] = x;
             dsv[r] = x * (dp[mt][j][r] - dvs[col]) * dt;

@@ -219,10 +219,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2, key = key0 + nb * 8 + 2 * t + (e & 1);
-        float s = s_acc[nb][e] * p.score_mul;
-#if SOFTCAP
-        s = p.softcap_mul * tanh_approx(s);
-#endif
+        float s = p.scores.logit2<SOFTCAP != 0>(s_acc[nb][e]);
         const bool visible = key >= vis_lo[half] && key <= vis_hi[half] && key < k_end;
         s = visible ? s : -INFINITY;
         s_acc[nb][e] = s;

@@ -15,6 +15,7 @@
 #pragma once
 #include "primitives.cuh"
 #include "decode_kv_address.cuh"
+#include "score_scale.cuh"
 #include "visibility.cuh"
 
 #if !defined(HEAD_DIM) || !defined(ELEM_BF16) || !defined(SOFTCAP) || !defined(STAGES)
@@ -59,16 +60,9 @@ struct DecodeParams {
   float* lse_part;  // (num_splits, B, S_q, H) fp32
   int batch, heads, kv_heads, num_splits, row_tiles;
   int total_q;  // flat query tokens: B * S_q (batched) or T_q (packed)
-  float score_mul;    // no softcap: scale * log2(e); softcap: scale / softcap
-  float softcap_mul;  // softcap * log2(e)
+  ScoreScale scores;  // softmax scale and soft-cap (score_scale.cuh)
   int window_left, window_right;  // -1: unbounded
 };
-
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Per-sequence geometry shared by the split kernel and the combine kernel. Packed q: the rows of
 // cu_seqlens_q clamped into [0, total_q) (primitives.cuh packed_span), at most seqlen_q of them.

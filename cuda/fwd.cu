@@ -10,7 +10,7 @@
 //
 // Per key tile (walked from the last visible tile down, so the masked diagonal tiles come first):
 //   S = Q K^T (fp32 accumulators) -> optional tanh soft-cap -> mask (only on boundary tiles)
-//   -> online softmax in base 2 (scale folded into scale_log2) -> P converted in registers to the
+//   -> online softmax in base 2 (the exp2 multiplier: score_scale.cuh) -> P converted in registers to the
 //   A operand of O += P V (no shared-memory round trip).
 // K/V tiles stream through a KV_STAGES-deep cp.async ring; the next tile's copy overlaps this one's math.
 //
@@ -23,6 +23,8 @@
 #include "fwd_softmax.cuh"
 #include "fwd_tile_io.cuh"
 #include "primitives.cuh"
+using namespace hfp;
+using namespace hfp::fwd;
 
 namespace {
 
@@ -55,8 +57,6 @@ __device__ __forceinline__ int fresh_thread_index() {
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(const __grid_constant__ hfp::fwd::FwdParams p) {
-  using namespace hfp;
-  using namespace hfp::fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (BLOCK_M, row stride); later the output staging tile
   Elem* smem_k = smem_q + kQTileElems;                // (KV_STAGES, BLOCK_N, row stride)
@@ -71,19 +71,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   if (tile.empty()) return;
   const int seqlen_k = tile.span.seqlen_k, group = tile.group, packed_rows = tile.packed_rows, p0 = tile.p0;
   const int n_block_max = tile.keys.n_block_max, num_tiles = tile.keys.num_tiles;
-  const Elem *q_base = tile.q_rows, *k_base = tile.k_rows, *v_base = tile.v_rows;
 
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16 * kMT;
 
   // ---- prologue: Q and the first KV_STAGES - 1 key tiles in flight
-  load_q_tile<HEAD_DIM, BLOCK_M, kThreads>(smem_q, q_base, p.q_seq_stride, p.q_head_stride, p0, packed_rows, group, tid);
+  copy_packed_tile<true, HEAD_DIM, BLOCK_M, kThreads>(tile.q_rows, smem_q, p.q_seq_stride, p.q_head_stride, p0,
+                                                      packed_rows, group, tid);
 #pragma unroll
   for (int s = 0; s < KV_STAGES - 1; ++s) {
     if (s < num_tiles) {
       const int key0 = (n_block_max - 1 - s) * BLOCK_N;
-      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + s * kKVTileElems, k_base, p.k_seq_stride, key0, seqlen_k, tid);
-      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + s * kKVTileElems, v_base, p.v_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + s * kKVTileElems, tile.k_rows,
+                                                p.k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + s * kKVTileElems, tile.v_rows,
+                                                p.v_seq_stride, key0, seqlen_k, tid);
     }
     cp_async_commit();  // one group per stage, empty or not, so the wait counts stay uniform
   }
@@ -107,9 +109,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       if (ahead < num_tiles) {
         const int slot = ahead % KV_STAGES;
         const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
-        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, k_base, p.k_seq_stride, ahead_key0,
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, tile.k_rows, p.k_seq_stride, ahead_key0,
                                                   seqlen_k, tid);
-        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, v_base, p.v_seq_stride, ahead_key0,
+        load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, tile.v_rows, p.v_seq_stride, ahead_key0,
                                                   seqlen_k, tid);
       }
       cp_async_commit();
@@ -136,10 +138,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 #endif
 
     // ---- soft-cap, mask, online softmax
-    if (p.softcap_pre_scale != 0.f) apply_softcap(scores, p.softcap_pre_scale);
+    if (p.scores.softcap_pre != 0.f) apply_softcap(scores, p.scores);
     if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
       apply_mask<kWindowed>(scores, key0 + 2 * t, p0 + warp_row0 + g, group, tile.shifts, seqlen_k);
-    softmax.update(scores, acc_o, p.scale_log2);
+    softmax.update(scores, acc_o, p.scores.exp2_mul());
 
     // ---- O += P V, P taken straight from the score accumulators
     gemm_pv<kBf16, HEAD_DIM>(acc_o, scores, tile_v, lane);
@@ -147,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 
   // ---- epilogue: normalise, LSE, stage the tile in shared memory, 16-byte coalesced stores
   float inv_sum[kMT][2], row_lse[kMT][2];
-  softmax.finalize(inv_sum, row_lse, p.scale_log2);
+  softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
   cp_async_wait<0>();
   __syncthreads();  // every warp is done reading Q / K / V shared memory
   Elem* smem_o = smem_q;
@@ -173,6 +175,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   Elem* o_base = out_rows(p, tile);
   // The store walks chunks exactly as the Q load did; a fresh read of the thread index stops the
   // compiler from keeping the load's addresses alive (and spilled) across the key loop.
-  store_o_tile<HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0, packed_rows, group,
-                                            fresh_thread_index());
+  copy_packed_tile<false, HEAD_DIM, BLOCK_M, kThreads>(o_base, smem_o, p.o_seq_stride, p.o_head_stride, p0,
+                                                       packed_rows, group, fresh_thread_index());
 }

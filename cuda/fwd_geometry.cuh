@@ -38,8 +38,7 @@ struct FwdParams {
   int seqlen_q, seqlen_k;  // batched: the lengths; varlen: the longest sequence (sizes the grid)
   int group;               // query heads per KV head
   int window_left, window_right;  // folded window (hf_flashpatch/kernels/__init__.py fold_window)
-  float scale_log2;         // softmax scale * log2(e), or its soft-capped form (fold_scores)
-  float softcap_pre_scale;  // 0: no soft-cap
+  ScoreScale scores;        // softmax scale and soft-cap (score_scale.cuh)
   int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
 };
 

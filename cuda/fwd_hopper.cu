@@ -19,6 +19,9 @@
 // Compile-time configuration (-D, from ForwardConfig in hf_flashpatch/kernels/forward.py):
 //   HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
+using namespace hfp;
+using namespace hfp::fwd;
+using namespace hfp::sm90;
 
 namespace {
 // Tiles in flight ahead of the one being consumed: every ring slot but the one being read.
@@ -31,12 +34,8 @@ static_assert(kLookahead >= 1, "the ring needs a free slot to prefetch into");
 extern "C" __constant__ int hfp_attention_forward_sm90_shared_bytes = kSharedTilesBytes;
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90(const __grid_constant__ hfp::fwd::FwdParams p) {
-  using namespace hfp;
-  using namespace hfp::fwd;
-  using namespace hfp::sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
-  const uint32_t q_tile = smem.q_tile, k_ring = smem.k_ring, v_ring = smem.v_ring;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -48,7 +47,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tile.empty()) return;
   const int seqlen_k = tile.span.seqlen_k, group = tile.group, packed_rows = tile.packed_rows, p0 = tile.p0;
   const int n_block_max = tile.keys.n_block_max, num_tiles = tile.keys.num_tiles;
-  const Elem *q_base = tile.q_rows, *k_base = tile.k_rows, *v_base = tile.v_rows;
 
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16;  // = 64 * warpgroup + 16 * (warp % 4)
@@ -57,15 +55,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   // ---- prologue: Q and the first kLookahead key tiles in flight
   for_each_packed_chunk<HEAD_DIM, kBlockM, kThreads>(
       tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-        const Elem* src = q_base + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
-        cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src, valid);
+        const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
+        cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src, valid);
       });
 #pragma unroll
   for (int s = 0; s < kLookahead; ++s) {
     if (s < num_tiles) {
       const int key0 = (n_block_max - 1 - s) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(k_ring + s * kKVBytes, k_base, p.k_seq_stride, key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(v_ring + s * kKVBytes, v_base, p.v_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(smem.k_ring + s * kKVBytes, tile.k_rows, p.k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(smem.v_ring + s * kKVBytes, tile.v_rows, p.v_seq_stride, key0, seqlen_k, tid);
     }
     cp_async_commit();
   }
@@ -82,8 +80,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     if (ahead < num_tiles) {
       const int slot = ahead % KV_STAGES;
       const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(k_ring + slot * kKVBytes, k_base, p.k_seq_stride, ahead_key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(v_ring + slot * kKVBytes, v_base, p.v_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(smem.k_ring + slot * kKVBytes, tile.k_rows,
+                                   p.k_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<kThreads>(smem.v_ring + slot * kKVBytes, tile.v_rows,
+                                   p.v_seq_stride, ahead_key0, seqlen_k, tid);
     }
     cp_async_commit();
   };

@@ -166,10 +166,11 @@ __device__ __forceinline__ void consume_key_tile(MathRows& rows, const hfp::fwd:
   wgmma_wait<0>();
   fence_operands(s_flat);
 
-  if (p.softcap_pre_scale != 0.f) hfp::fwd::apply_softcap(scores, p.softcap_pre_scale);
+  if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
   if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
     hfp::fwd::apply_mask<kWindowed>(scores, key0 + 2 * t, row, tile.group, tile.shifts, tile.span.seqlen_k);
-  rows.softmax.rescale(rows.acc_o, correction, rows.softmax.exponentiate(scores, correction, p.scale_log2));
+  const bool max_moved = rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
+  rows.softmax.rescale(rows.acc_o, correction, max_moved);
   pack_probabilities(probs, scores);
 
   fence_operands(o_flat);
@@ -197,7 +198,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
                                              const SharedTiles& smem, int warp_row0, int g, int t, SyncMath sync_math,
                                              int producer_threads) {
   float inv_sum[1][2], row_lse[1][2];
-  rows.softmax.finalize(inv_sum, row_lse, p.scale_log2);
+  rows.softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
   sync_math();  // every math warp is done reading the ring
   Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (smem.k_ring - smem.raw));
 #pragma unroll
@@ -217,9 +218,9 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     }
   }
   sync_math();
-  hfp::fwd::store_o_tile<HEAD_DIM, kBlockM, kMathThreads>(hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride,
-                                                          p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
-                                                          fresh_thread_index() - producer_threads);
+  hfp::fwd::copy_packed_tile<false, HEAD_DIM, kBlockM, kMathThreads>(
+      hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride, p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
+      fresh_thread_index() - producer_threads);
 }
 
 

@@ -20,6 +20,9 @@
 // Compile-time configuration: HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG (math warpgroups),
 // KV_STAGES (>= 3), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
+using namespace hfp;
+using namespace hfp::fwd;
+using namespace hfp::sm90;
 
 namespace {
 
@@ -45,12 +48,8 @@ static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring sta
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedTilesBytes + 2 * 8 * KV_STAGES;
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
-  using namespace hfp;
-  using namespace hfp::fwd;
-  using namespace hfp::sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
-  const uint32_t q_tile = smem.q_tile, k_ring = smem.k_ring, v_ring = smem.v_ring;
   const uint32_t full_bars = smem.end;                   // (KV_STAGES,) mbarriers, 8 bytes each
   const uint32_t empty_bars = full_bars + KV_STAGES * 8;      // (KV_STAGES,)
 
@@ -74,11 +73,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
-    const Elem *q_base = tile.q_rows, *k_base = tile.k_rows, *v_base = tile.v_rows;
     for_each_packed_chunk<HEAD_DIM, kBlockM, kProducerThreads>(
         tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-          const Elem* src = q_base + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
-          cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src,
+          const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
+          cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src,
                       valid);
         });
     // Request tile i into ring slot i % KV_STAGES once the math warps released its previous tile.
@@ -87,8 +85,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         const int slot = i % KV_STAGES;
         if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
         const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-        load_kv_tile_sw128<kProducerThreads, 2>(k_ring + slot * kKVBytes, k_base, p.k_seq_stride, key0, seqlen_k, tid);
-        load_kv_tile_sw128<kProducerThreads, 2>(v_ring + slot * kKVBytes, v_base, p.v_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<kProducerThreads, 2>(smem.k_ring + slot * kKVBytes, tile.k_rows,
+                                                p.k_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<kProducerThreads, 2>(smem.v_ring + slot * kKVBytes, tile.v_rows,
+                                                p.v_seq_stride, key0, seqlen_k, tid);
       }
       cp_async_commit();  // one group per tile, empty or not, so the wait counts stay uniform
     };

@@ -7,6 +7,7 @@
 // partial maxima with quad shuffles.
 #pragma once
 #include "primitives.cuh"
+#include "score_scale.cuh"
 #include "visibility.cuh"
 
 namespace hfp {
@@ -120,16 +121,16 @@ struct OnlineSoftmax {
   }
 };
 
-// Soft-capping: score <- softcap * tanh(score * scale / softcap). The caller folds the outer
-// softcap factor into scale_log2, so here only tanh(score * pre_scale) is applied.
+// Soft-capping (score_scale.cuh): score <- tanh(score * scale / softcap); the outer factor, with
+// log2(e), is the exp2 multiplier the online softmax applies (ScoreScale::exp2_mul).
 template <int MT, int NT>
-__device__ __forceinline__ void apply_softcap(float (&scores)[MT][NT][4], float pre_scale) {
+__device__ __forceinline__ void apply_softcap(float (&scores)[MT][NT][4], const ScoreScale& scale) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) scores[mt][nt][e] = tanhf(scores[mt][nt][e] * pre_scale);
+      for (int e = 0; e < 4; ++e) scores[mt][nt][e] = scale.capped(scores[mt][nt][e]);
 }
 
 // Set scores of invisible keys to -inf. key0: key index of this thread's first column in the tile

@@ -16,6 +16,20 @@ struct TileLayout {
   static constexpr int kChunksPerRow = kHeadDim / 8;  // 16-byte chunks per row
 };
 
+// How kThreadCount threads share the 16-byte chunks of a (kRows, head dim) tile: kPerThread each.
+// Where the threads divide a row's chunks evenly (kFixedColumn), thread tid keeps column col(tid) and
+// walks rows row0(tid), row0(tid) + kRowStep, ...; otherwise chunk tid + i * kThreadCount is its i-th.
+template <int kHeadDim, int kRows, int kThreadCount>
+struct ChunkWalk {
+  using L = TileLayout<kHeadDim>;
+  static constexpr int kPerThread = kRows * L::kChunksPerRow / kThreadCount;
+  static_assert(kRows * L::kChunksPerRow % kThreadCount == 0, "tile chunks must divide evenly over the threads");
+  static constexpr bool kFixedColumn = kThreadCount % L::kChunksPerRow == 0;
+  static constexpr int kRowStep = kThreadCount / L::kChunksPerRow;
+  __device__ static __forceinline__ int row0(int tid) { return tid / L::kChunksPerRow; }
+  __device__ static __forceinline__ int col(int tid) { return (tid % L::kChunksPerRow) * 8; }
+};
+
 // Copy a (rows, head dim) key/value tile starting at key `key0` into shared memory with cp.async.
 // Keys at or beyond `seqlen_k` are zero-filled: their probabilities are 0 after masking, and zeros
 // (not stale data that might hold NaN/inf) keep 0 * V finite.
@@ -23,26 +37,22 @@ template <int kHeadDim, int kRows, int kThreadCount, typename T>
 __device__ __forceinline__ void load_kv_tile(T* smem, const T* gmem, int64_t row_stride, int key0, int seqlen_k,
                                              int tid) {
   using L = TileLayout<kHeadDim>;
-  constexpr int kChunks = kRows * L::kChunksPerRow;
-  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
-  if constexpr (kThreadCount % L::kChunksPerRow == 0) {
-    // Each thread keeps one column and walks rows kRowStep apart: one pointer, one increment.
-    constexpr int kRowStep = kThreadCount / L::kChunksPerRow;
-    const int row0 = tid / L::kChunksPerRow;
-    const int col = (tid % L::kChunksPerRow) * 8;
+  using W = ChunkWalk<kHeadDim, kRows, kThreadCount>;
+  if constexpr (W::kFixedColumn) {  // one pointer and one increment per thread
+    const int row0 = W::row0(tid), col = W::col(tid);
     const T* src = gmem + (key0 + row0) * row_stride + col;
-    const int64_t step = kRowStep * row_stride;
+    const int64_t step = W::kRowStep * row_stride;
     uint32_t dst = smem_addr(smem + row0 * L::kRowStride + col);
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreadCount; ++i) {
-      const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
+    for (int i = 0; i < W::kPerThread; ++i) {
+      const bool valid = key0 + row0 + i * W::kRowStep < seqlen_k;
       cp_async_16(dst, valid ? src : gmem, valid);
       src += step;
-      dst += kRowStep * L::kRowStride * sizeof(T);
+      dst += W::kRowStep * L::kRowStride * sizeof(T);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+    for (int i = 0; i < W::kPerThread; ++i) {
       const int chunk = tid + i * kThreadCount;
       const int row = chunk / L::kChunksPerRow;
       const int col = (chunk % L::kChunksPerRow) * 8;
@@ -62,20 +72,17 @@ __device__ __forceinline__ void load_kv_tile(T* smem, const T* gmem, int64_t row
 template <int kHeadDim, int kRows, int kThreadCount, typename Fn>
 __device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packed_rows, int group, Fn&& fn) {
   using L = TileLayout<kHeadDim>;
-  constexpr int kChunks = kRows * L::kChunksPerRow;
-  static_assert(kChunks % kThreadCount == 0, "tile chunks must divide evenly over the threads");
-  if constexpr (kThreadCount % L::kChunksPerRow == 0) {
-    constexpr int kRowStep = kThreadCount / L::kChunksPerRow;
-    const int row0 = tid / L::kChunksPerRow;
-    const int col = (tid % L::kChunksPerRow) * 8;
+  using W = ChunkWalk<kHeadDim, kRows, kThreadCount>;
+  if constexpr (W::kFixedColumn) {
+    const int row0 = W::row0(tid), col = W::col(tid);
     const int first = p0 + row0;
     int pos = group == 1 ? first : first / group;
     int head = first - pos * group;
-    const int step_pos = group == 1 ? kRowStep : kRowStep / group;
-    const int step_head = kRowStep - step_pos * group;
+    const int step_pos = group == 1 ? W::kRowStep : W::kRowStep / group;
+    const int step_head = W::kRowStep - step_pos * group;
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreadCount; ++i) {
-      const int row = row0 + i * kRowStep;
+    for (int i = 0; i < W::kPerThread; ++i) {
+      const int row = row0 + i * W::kRowStep;
       fn(row, col, pos, head, p0 + row < packed_rows);
       pos += step_pos;
       head += step_head;
@@ -86,7 +93,7 @@ __device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packe
     }
   } else {  // chunks per row do not divide the thread count (head dim 96): divide per chunk
 #pragma unroll
-    for (int i = 0; i < kChunks / kThreadCount; ++i) {
+    for (int i = 0; i < W::kPerThread; ++i) {
       const int chunk = tid + i * kThreadCount;
       const int row = chunk / L::kChunksPerRow;
       const int packed = p0 + row;
@@ -96,30 +103,22 @@ __device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packe
   }
 }
 
-// Copy the packed query tile (rows as in for_each_packed_chunk) with cp.async. Packing the heads of
-// a GQA group into the rows lets one K/V tile serve the whole group. Rows at or beyond
-// `packed_rows` are zero-filled.
-template <int kHeadDim, int kRows, int kThreadCount, typename T>
-__device__ __forceinline__ void load_q_tile(T* smem, const T* q_base, int64_t pos_stride, int64_t head_stride,
-                                            int p0, int packed_rows, int group, int tid) {
+// Copy a packed (kRows, head dim) tile (rows as in for_each_packed_chunk) between its global rows
+// (`base` + pos * pos_stride + head * head_stride) and a padded shared-memory tile, 16 bytes per access.
+// kToShared: the query tile, with cp.async; rows at or beyond `packed_rows` are zero-filled. Packing the
+// heads of a GQA group into the rows lets one K/V tile serve the whole group. Otherwise: the output tile
+// staged in shared memory, stored; rows at or beyond `packed_rows` are skipped.
+template <bool kToShared, int kHeadDim, int kRows, int kThreadCount, typename G, typename T>
+__device__ __forceinline__ void copy_packed_tile(G* base, T* smem, int64_t pos_stride, int64_t head_stride, int p0,
+                                                 int packed_rows, int group, int tid) {
   using L = TileLayout<kHeadDim>;
   for_each_packed_chunk<kHeadDim, kRows, kThreadCount>(
       tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-        const T* src = q_base + (valid ? pos * pos_stride + head * head_stride + col : 0);
-        cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
-      });
-}
-
-// Store the packed output tile staged in shared memory to global memory, 16 bytes per access;
-// rows at or beyond `packed_rows` are skipped.
-template <int kHeadDim, int kRows, int kThreadCount, typename T>
-__device__ __forceinline__ void store_o_tile(T* o_base, const T* smem, int64_t pos_stride, int64_t head_stride,
-                                             int p0, int packed_rows, int group, int tid) {
-  using L = TileLayout<kHeadDim>;
-  for_each_packed_chunk<kHeadDim, kRows, kThreadCount>(
-      tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
-        if (valid) {
-          *reinterpret_cast<uint4*>(o_base + pos * pos_stride + head * head_stride + col) =
+        if constexpr (kToShared) {
+          const G* src = base + (valid ? pos * pos_stride + head * head_stride + col : 0);
+          cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
+        } else if (valid) {
+          *reinterpret_cast<uint4*>(base + pos * pos_stride + head * head_stride + col) =
               *reinterpret_cast<const uint4*>(smem + row * L::kRowStride + col);
         }
       });

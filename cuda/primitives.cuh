@@ -78,24 +78,21 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t sme
 //   A: a[0]=(row g, cols 2t..2t+1), a[1]=(row g+8, ...), a[2]=(row g, cols 2t+8..), a[3]=(row g+8, cols 2t+8..)
 //   B: b[0]=(rows 2t..2t+1, col g), b[1]=(rows 2t+8.., col g)
 //   C/D: d[0..1]=(row g, cols 2t, 2t+1), d[2..3]=(row g+8, cols 2t, 2t+1)
+// One asm statement for both input types: the PTX type name is the only difference.
+#define HFP_MMA_16816(TYPE)                                                                          \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0,%1,%2,%3}, "        \
+               "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                          \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                     \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 template <bool kBf16>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-template <>
-__device__ __forceinline__ void mma_16816<true>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (kBf16) {
+    HFP_MMA_16816("bf16");
+  } else {
+    HFP_MMA_16816("f16");
+  }
 }
-template <>
-__device__ __forceinline__ void mma_16816<false>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+#undef HFP_MMA_16816
 
 // ---------------------------------------------------------------- accumulators
 // Zero a warp's fp32 accumulator fragments: (m-tiles, n-tiles, the 4 values of an m16n8 C fragment).

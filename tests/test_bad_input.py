@@ -102,8 +102,8 @@ def test_forward_kernel_launch_takes_zero_scale_as_zero(monkeypatch):
     for scale, expect in ((0.0, 0.0), (None, math.log2(math.e) / 8.0), (0.5, 0.5 * math.log2(math.e))):
         forward._launch(q, k, v, None, None, 0, 0, scale, False, -1, -1, 0.0)
         _entry, _grid, args = launched[-1]
-        assert dict(zip(names, args))["scale_log2"] == pytest.approx(expect), scale
-    assert decode._scales(64, 0.0, None) == (0.0, 0.0)  # decode agrees (and always did)
+        assert dict(zip(names, args))["scores.scale_log2"] == pytest.approx(expect), scale
+    assert decode._scales(64, 0.0, None) == (0.0, 0.0, 0.0)  # decode agrees (and always did)
 
 
 # --------------------------------------------------------------------------- 6: cu_seqlens contents

@@ -1,7 +1,9 @@
 """The score-scale/softcap multipliers each launcher passes its kernel (CPU only: builds and launches are faked).
 
 The expected values are the launchers' own formulas as they were before score scaling was folded once in
-:func:`hf_flashpatch.kernels.fold_scores`; the comparisons are exact (same floats, bit for bit)."""
+:func:`hf_flashpatch.kernels.fold_scores` (and before every kernel took the one ``ScoreScale`` of
+``cuda/score_scale.cuh``): what a kernel multiplies by, worked out from the three values it is passed as
+``ScoreScale`` does it, must be the same floats, bit for bit."""
 
 from __future__ import annotations
 
@@ -89,8 +91,10 @@ def test_forward_scalars(recorder, scale, softcap):
     q, k, v = _qkv()
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
-    # ..., left, right, scale_log2, softcap_pre, total q rows, total k rows
-    assert bits(args[-4:-2]) == bits(old_forward(_default(scale), softcap))
+    # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q rows, total k rows
+    scale_log2, softcap_pre, softcap_log2 = args[-5:-2]
+    exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
+    assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
 
 @pytest.mark.parametrize("softcap", SOFTCAPS)
@@ -107,9 +111,11 @@ def test_decode_scalars(recorder, scale, softcap):
     )  # fmt: skip
     ((entry, args),) = recorder.calls
     assert entry == "hfp_decode_split"
-    # ..., score_mul, softcap_mul, window_left, window_right
-    assert bits(args[-4:-2]) == bits(old_decode(_default(scale), softcap))
-    assert bits(decode._scales(HEAD_DIM, scale, softcap)) == bits(old_decode(_default(scale), softcap))
+    # ..., ScoreScale (scale_log2, softcap_pre, softcap_log2), window_left, window_right
+    scale_log2, softcap_pre, softcap_log2 = args[-5:-2]
+    assert tuple(args[-5:-2]) == tuple(decode._scales(HEAD_DIM, scale, softcap))
+    score_mul = softcap_pre if softcap else scale_log2  # ScoreScale::logit2 in the build the launcher chose
+    assert bits((score_mul, softcap_log2)) == bits(old_decode(_default(scale), softcap))
 
 
 @pytest.mark.parametrize("deterministic", [False, True])

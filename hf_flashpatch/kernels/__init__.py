@@ -64,24 +64,21 @@ LOG2E = 1.4426950408889634  # log2(e): the kernels take exp2 of scores pre-multi
 
 
 class ScoreScales(NamedTuple):
-    """``softmax_scale`` and ``softcap`` folded into the kernels' multipliers (see :func:`fold_scores`)."""
+    """``softmax_scale`` and ``softcap`` folded into the kernels' multipliers (see :func:`fold_scores`): the
+    fields, in order, of ``ScoreScale`` in ``cuda/score_scale.cuh``, which every kernel family takes."""
 
-    score_mul: float  # on the raw q.k score: scale / softcap with a cap (the tanh argument), else scale * log2(e)
-    exp2_mul: float  # into the exp2 domain: softcap * log2(e) on the tanh with a cap, else scale * log2(e)
-    scale_log2: float  # scale * log2(e)
-    softcap_pre: float  # scale / softcap, 0.0 without a cap
-    softcap_log2: float  # softcap * log2(e), 0.0 without a cap
+    scale_log2: float  # scale * log2(e): an uncapped score's multiplier into the exp2 domain
+    softcap_pre: float  # scale / softcap: a capped score's tanh argument per raw score; 0.0 without a cap
+    softcap_log2: float  # softcap * log2(e): the capped score's multiplier into the exp2 domain; 0.0 without
 
 
 def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
     """The one Python definition of score scaling: a capped score is ``softcap * tanh(s * scale / softcap)``,
     an uncapped one ``s * scale``, and the kernels fold log2(e) into the outer factor. Any truthy ``softcap``
     is a cap (0, None = none); callers that map other values (the forward: scale 0, softcap <= 0) do so first."""
-    scale_log2 = scale * LOG2E
     if softcap:
-        softcap_pre, softcap_log2 = scale / softcap, softcap * LOG2E
-        return ScoreScales(softcap_pre, softcap_log2, scale_log2, softcap_pre, softcap_log2)
-    return ScoreScales(scale_log2, scale_log2, scale_log2, 0.0, 0.0)
+        return ScoreScales(scale * LOG2E, scale / softcap, softcap * LOG2E)
+    return ScoreScales(scale * LOG2E, 0.0, 0.0)
 
 
 def call_op(op, impl, *args):

@@ -28,7 +28,9 @@ from typing import NamedTuple
 import torch
 
 from ..errors import KernelUnsupported
-from . import call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once
+from . import (
+    ScoreScales, call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once,
+)
 from .build import KernelBuild, device_arch, get_kernel
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
@@ -86,10 +88,9 @@ def _aligned_q(q: torch.Tensor) -> torch.Tensor:
     return q
 
 
-def _scales(head_dim: int, softmax_scale, softcap) -> tuple[float, float]:
-    """The split kernel's ``(score_mul, softcap_mul)``: see :func:`hf_flashpatch.kernels.fold_scores`."""
-    scales = fold_scores(softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim), softcap)
-    return scales.score_mul, scales.softcap_log2
+def _scales(head_dim: int, softmax_scale, softcap) -> ScoreScales:
+    """The split kernel's ``ScoreScale``: see :func:`hf_flashpatch.kernels.fold_scores`."""
+    return fold_scores(softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim), softcap)
 
 
 # ------------------------------------------------------------------------------------ launcher
@@ -145,13 +146,13 @@ def _launch(
         # (split, flat token, H, D) and (split, flat token, H)
         o_part = torch.empty(num_splits, total_q, heads, head_dim, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(num_splits, total_q, heads, device=q.device, dtype=torch.float32)
-    score_mul, softcap_mul = _scales(head_dim, softmax_scale, softcap)
+    scales = _scales(head_dim, softmax_scale, softcap)
     args = (
         q, *q_strides, cu_q, seqlen_q,
         k, v, *k_strides, *v_strides, seqlens, key_starts, default_seqlen, index, index_stride, page_size, cu_k,
         k.shape[0],  # pool rows: the kernel clamps page ids / slots into them (cuda/decode_kv_address.cuh)
         out, *out_strides, lse, *lse_strides, o_part, lse_part,
-        batch, heads, kv_heads, num_splits, plan.row_tiles, total_q, score_mul, softcap_mul, window_left,
+        batch, heads, kv_heads, num_splits, plan.row_tiles, total_q, *scales, window_left,
         window_right,
     )  # fmt: skip
     tensors = [t for t in (q, cu_q, k, v, seqlens, key_starts, index, cu_k, out, lse, o_part, lse_part) if t is not None]

@@ -41,7 +41,7 @@ _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-# q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | scale_log2 softcap_pre
+# q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | ScoreScale (3 floats)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,6 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         # after masking with -inf, and -inf * 0 is NaN; exp2(score * _ZERO_SCALE) rounds to exactly 1.
         scale, softcap = _ZERO_SCALE, 0.0
     scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
-    scale_log2, softcap_pre = scales.exp2_mul, scales.softcap_pre
 
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
@@ -229,7 +228,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         grid, (config.threads, 1, 1),
         q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
-        seqlen_q, seqlen_k, group, left, right, scale_log2, softcap_pre,
+        seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
