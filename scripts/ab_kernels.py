@@ -4,10 +4,11 @@
 
 Checks that a refactor of the kernel layer changed neither results nor speed. Each round starts one
 worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in alternating
-order; every worker times the same cases and saves its outputs. The table prints the median time
-per case and tree, the ratio to the first tree, and the largest difference of the outputs from the
-first tree's (0 where the kernels are the same: the forward and decode are deterministic; the
-backward accumulates dQ with atomics, so it differs in the last bits from call to call).
+order; every worker times the same cases and saves its outputs. After every round (so a run cut short
+keeps the rounds it finished) a table prints the median time per case and tree, the ratio to the first
+tree, and the largest difference of the outputs from the first tree's (0 where the kernels are the same:
+the forward and decode are deterministic; the backward accumulates dQ with atomics, so it differs in
+the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
@@ -150,6 +151,12 @@ def main() -> None:
                             "--only", args.only],
                            check=True, env=env)  # fmt: skip
             runs[name].append(json.loads(Path(out).read_text()))
+        # a table after every complete round: a run cut short by a time limit still leaves its medians
+        _print_table(trees, runs, scratch, f"after round {round_ + 1} of {args.rounds}")
+
+
+def _print_table(trees, runs, scratch, title: str) -> None:
+    """Median time per case and tree, the ratio to the first tree, and the largest output difference."""
     import torch
 
     base = trees[0][0]
@@ -158,13 +165,13 @@ def main() -> None:
                    for case in base_out}
             for name in runs for outs in [torch.load(scratch / f"{name}_0.json.pt")]}  # fmt: skip
     names = [n for n, _ in trees]
-    print(f"\n{'case':42s}" + "".join(f"{n + ' ms':>12s}" for n in names) + "".join(
+    print(f"\n{title}\n{'case':42s}" + "".join(f"{n + ' ms':>12s}" for n in names) + "".join(
         f"{n + '/' + base:>14s}" for n in names[1:]) + "  max |diff| vs " + base)
     for case in runs[base][0]:
         med = {n: statistics.median(r[case] for r in runs[n]) for n in names}
         ratios = "".join(f"{med[n] / med[base]:>14.3f}" for n in names[1:])
         worst = max(diff[n][case.split(" (")[0]] for n in names[1:])
-        print(f"{case:42s}" + "".join(f"{med[n]:>12.4f}" for n in names) + ratios + f"  {worst:.3g}")
+        print(f"{case:42s}" + "".join(f"{med[n]:>12.4f}" for n in names) + ratios + f"  {worst:.3g}", flush=True)
 
 
 if __name__ == "__main__":
