@@ -17,7 +17,8 @@
 // tile's copy overlaps this tile's math.
 //
 // Compile-time configuration (-D, from ForwardConfig in hf_flashpatch/kernels/forward.py):
-//   HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, ELEM_BF16, HAS_MASK.
+//   HEAD_DIM (64 or 128) and HEAD_DIM_V (= HEAD_DIM here), BLOCK_N (64 or 128), NUM_WG, KV_STAGES, ELEM_BF16,
+//   HAS_MASK.
 #include "fwd_hopper_common.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -62,8 +63,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   for (int s = 0; s < kLookahead; ++s) {
     if (s < num_tiles) {
       const int key0 = (n_block_max - 1 - s) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(smem.k_ring + s * kKVBytes, tile.k_rows, p.k_seq_stride, key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(smem.v_ring + s * kKVBytes, tile.v_rows, p.v_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<HEAD_DIM, kThreads>(smem.k_ring + s * kKBytes, tile.k_rows, p.k_seq_stride, key0,
+                                             seqlen_k, tid);
+      load_kv_tile_sw128<HEAD_DIM_V, kThreads>(smem.v_ring + s * kVBytes, tile.v_rows, p.v_seq_stride, key0,
+                                               seqlen_k, tid);
     }
     cp_async_commit();
   }
@@ -80,19 +83,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     if (ahead < num_tiles) {
       const int slot = ahead % KV_STAGES;
       const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
-      load_kv_tile_sw128<kThreads>(smem.k_ring + slot * kKVBytes, tile.k_rows,
-                                   p.k_seq_stride, ahead_key0, seqlen_k, tid);
-      load_kv_tile_sw128<kThreads>(smem.v_ring + slot * kKVBytes, tile.v_rows,
-                                   p.v_seq_stride, ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<HEAD_DIM, kThreads>(smem.k_ring + slot * kKBytes, tile.k_rows, p.k_seq_stride,
+                                             ahead_key0, seqlen_k, tid);
+      load_kv_tile_sw128<HEAD_DIM_V, kThreads>(smem.v_ring + slot * kVBytes, tile.v_rows, p.v_seq_stride,
+                                               ahead_key0, seqlen_k, tid);
     }
     cp_async_commit();
   };
 
   for (int i = 0; i < num_tiles; ++i) {
     advance_ring(i);
-    const uint32_t slot_offset = (i % KV_STAGES) * kKVBytes;
+    const int slot = i % KV_STAGES;
     consume_key_tile<kWindowed>(rows, p, tile, (n_block_max - 1 - i) * BLOCK_N, p0 + warp_row0 + g, t, desc.q_rows,
-                                desc.k_ring.plus(slot_offset), desc.v_ring.plus(slot_offset));
+                                desc.k_ring.plus(slot * kKBytes), desc.v_ring.plus(slot * kVBytes));
   }
 
   // ---- epilogue (fwd_hopper_common.cuh): normalise, LSE, stage in shared memory, 16-byte stores

@@ -1,6 +1,8 @@
 // hf_flashpatch: what the Hopper forward kernels share (fwd_hopper.cu: every warp loads and computes;
 // fwd_hopper_ws.cu: a producer warpgroup loads, the others compute). Compile-time configuration and
-// layouts as described in fwd_hopper.cu: q (B, S_q, H, D), k/v (B, S_k, H_kv, D), SW128 shared tiles.
+// layouts as described in fwd_hopper.cu: q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v),
+// out (B, S_q, H, D_v), SW128 shared tiles. D = HEAD_DIM, D_v = HEAD_DIM_V: equal (64 or 128), or
+// multi-head latent attention's 192 / 128 (DeepSeek-V3).
 #pragma once
 #include "fwd_geometry.cuh"
 #include "fwd_softmax.cuh"
@@ -10,21 +12,27 @@
 
 namespace {
 
-using OutLayout = hfp::fwd::TileLayout<HEAD_DIM>;  // padded rows: the output staging tile
+#ifndef HEAD_DIM_V
+#error "HEAD_DIM_V (v's head dim) comes from the build (hf_flashpatch/kernels/forward.py, ForwardConfig.build)"
+#endif
+
+using OutLayout = hfp::fwd::TileLayout<HEAD_DIM_V>;  // padded rows: the output staging tile
 
 constexpr bool kBf16 = ELEM_BF16 != 0;
 constexpr bool kWindowed = HAS_MASK != 0;
 constexpr int kMathThreads = 128 * NUM_WG;  // the warpgroups that own query rows
 constexpr int kBlockM = 64 * NUM_WG;
 constexpr int kNT = BLOCK_N / 8;                // 8-key column blocks of S
-constexpr int kOT = HEAD_DIM / 8;               // 8-column blocks of O
-constexpr int kChunksPerRow = HEAD_DIM / 8;     // 16-byte chunks per tile row
+constexpr int kOT = HEAD_DIM_V / 8;             // 8-column blocks of O
 constexpr int kSubTileRowBytes = hfp::sm90::kSwizzleRowBytes;
 constexpr int kQBytes = kBlockM * HEAD_DIM * 2;
-constexpr int kKVBytes = BLOCK_N * HEAD_DIM * 2;  // one K or one V tile
-static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "the wgmma forward serves head dims 64 and 128");
+constexpr int kKBytes = BLOCK_N * HEAD_DIM * 2;    // one K tile
+constexpr int kVBytes = BLOCK_N * HEAD_DIM_V * 2;  // one V tile
+static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) || (HEAD_DIM == 192 && HEAD_DIM_V == 128),
+              "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128, "S = Q K^T uses wgmma n64 or n128");
-static_assert(kBlockM * OutLayout::kRowStride * 2 <= 2 * KV_STAGES * kKVBytes, "the output staging tile must fit the ring");
+static_assert(kBlockM * OutLayout::kRowStride * 2 <= KV_STAGES * (kKBytes + kVBytes),
+              "the output staging tile must fit the rings");
 
 // Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
 template <int N>
@@ -39,45 +47,55 @@ __device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uin
 }
 
 // The shared-memory tiles of both Hopper bodies, from the 1024-byte aligned base (the swizzle atoms need
-// it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring and the
-// V ring, KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles each; `end` is where a body's own data may follow.
+// it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring of
+// KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
+// where a body's own data may follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
 struct SharedTiles {
   uint32_t raw;  // the shared address of smem_raw itself (generic pointers = smem_raw + (address - raw))
   uint32_t q_tile, k_ring, v_ring, end;
 };
 
 // Bytes the launch provides for those tiles: the atom of slack for rounding the base up, Q and both rings.
-constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBytes + 2 * KV_STAGES * kKVBytes;
+constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBytes + KV_STAGES * (kKBytes + kVBytes);
 
 __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_raw) {
   const uint32_t raw = hfp::smem_addr(smem_raw);
   const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);
   const uint32_t k_ring = base + kQBytes;
-  const uint32_t v_ring = k_ring + KV_STAGES * kKVBytes;
-  return {raw, base, k_ring, v_ring, v_ring + KV_STAGES * kKVBytes};
+  const uint32_t v_ring = k_ring + KV_STAGES * kKBytes;
+  return {raw, base, k_ring, v_ring, v_ring + KV_STAGES * kVBytes};
 }
 
-// Copy keys [key0, key0 + BLOCK_N) of a (seq, head dim) K or V matrix into a SW128 tile (see
-// hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to probability 0).
-// A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a multiple of 8,
-// so its swizzled chunk position never changes and the destination just advances.
-// kUnroll < full: the warp-specialised producer runs on 32 registers and cannot hold every row's address.
-template <int kCopyThreads, int kUnroll = 64>
+// Copy keys [key0, key0 + BLOCK_N) of a (seq, kDim) K or V matrix into a SW128 tile (kDim / 64 sub-tiles
+// of 64 columns, see hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to
+// probability 0). A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a
+// multiple of 8, so its swizzled chunk position never changes and the destination just advances. Where the
+// threads do not divide a row's chunks (kDim 192: 24), the 64-column sub-tiles are copied one by one.
+// kUnroll < full: the warp-specialised producer runs on few registers and cannot hold every row's address.
+template <int kDim, int kCopyThreads, int kUnroll = 64>
 __device__ __forceinline__ void load_kv_tile_sw128(uint32_t tile, const Elem* gmem, int64_t row_stride, int key0,
                                                    int seqlen_k, int tid) {
-  constexpr int kRowStep = kCopyThreads / kChunksPerRow;
-  static_assert(kCopyThreads % kChunksPerRow == 0 && BLOCK_N % kRowStep == 0 && kRowStep % 8 == 0, "tile walk");
-  const int row0 = tid / kChunksPerRow;
-  const int chunk = tid % kChunksPerRow;
-  uint32_t dst = tile + (chunk / 8) * (BLOCK_N * kSubTileRowBytes) + hfp::sm90::sw128_offset(row0, chunk % 8);
-  const Elem* src = gmem + static_cast<int64_t>(key0 + row0) * row_stride + chunk * 8;
-  const int64_t step = kRowStep * row_stride;
+  constexpr int kChunksPerRow = kDim / 8;
+  if constexpr (kCopyThreads % kChunksPerRow != 0) {
+#pragma unroll 1  // one sub-tile's addresses live at a time (the producer's register budget)
+    for (int sub = 0; sub < kDim / 64; ++sub)
+      load_kv_tile_sw128<64, kCopyThreads, kUnroll>(tile + sub * (BLOCK_N * kSubTileRowBytes), gmem + sub * 64,
+                                                     row_stride, key0, seqlen_k, tid);
+  } else {
+    constexpr int kRowStep = kCopyThreads / kChunksPerRow;
+    static_assert(BLOCK_N % kRowStep == 0 && kRowStep % 8 == 0, "tile walk");
+    const int row0 = tid / kChunksPerRow;
+    const int chunk = tid % kChunksPerRow;
+    uint32_t dst = tile + (chunk / 8) * (BLOCK_N * kSubTileRowBytes) + hfp::sm90::sw128_offset(row0, chunk % 8);
+    const Elem* src = gmem + static_cast<int64_t>(key0 + row0) * row_stride + chunk * 8;
+    const int64_t step = kRowStep * row_stride;
 #pragma unroll kUnroll
-  for (int i = 0; i < BLOCK_N / kRowStep; ++i) {
-    const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
-    hfp::cp_async_16(dst, valid ? src : gmem, valid);
-    src += step;
-    dst += kRowStep * kSubTileRowBytes;
+    for (int i = 0; i < BLOCK_N / kRowStep; ++i) {
+      const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
+      hfp::cp_async_16(dst, valid ? src : gmem, valid);
+      src += step;
+      dst += kRowStep * kSubTileRowBytes;
+    }
   }
 }
 
@@ -94,17 +112,17 @@ __device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], hfp::sm90::Ste
   }
 }
 
-// O (64 x HEAD_DIM per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step. v_tile:
+// O (64 x HEAD_DIM_V per warpgroup) += P V over the tile's keys: 16 keys (2048 bytes of V) per k-step. v_tile:
 // the descriptor of the V tile's first row (SW128, read MN-major).
 __device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p)[BLOCK_N / 16][4],
                                          hfp::sm90::SteppedDescriptor v_tile) {
 #pragma unroll
   for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-    mma_rs_transposed_b<HEAD_DIM>(o, p[kk], v_tile.plus(kk * 16 * kSubTileRowBytes).value());
+    mma_rs_transposed_b<HEAD_DIM_V>(o, p[kk], v_tile.plus(kk * 16 * kSubTileRowBytes).value());
 }
 
 // The operand descriptors of a kernel, built once: this warpgroup's Q rows and the first slot of the K and
-// V rings (slot s is `plus(s * kKVBytes)`).
+// V rings (slot s is `plus(s * kKBytes)` and `plus(s * kVBytes)`).
 struct OperandDescriptors {
   hfp::sm90::SteppedDescriptor q_rows, k_ring, v_ring;
 };
@@ -218,7 +236,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     }
   }
   sync_math();
-  hfp::fwd::copy_packed_tile<false, HEAD_DIM, kBlockM, kMathThreads>(
+  hfp::fwd::copy_packed_tile<false, HEAD_DIM_V, kBlockM, kMathThreads>(
       hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride, p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
       fresh_thread_index() - producer_threads);
 }

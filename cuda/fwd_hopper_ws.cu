@@ -2,7 +2,8 @@
 // NUM_WG math warpgroups compute, and no block-wide barrier sits in the key loop.
 //
 // Same contract as cuda/fwd.cu and cuda/fwd_hopper.cu (same arguments, layouts, masks, GQA packing,
-// varlen, LSE): q (B, S_q, H, D), k/v (B, S_k, H_kv, D), out like q, lse (B, H, S_q) or (H, T_q).
+// varlen, LSE): q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v), out (B, S_q, H, D_v), lse
+// (B, H, S_q) or (H, T_q). D_v = D, or multi-head latent attention's D = 192, D_v = 128.
 //
 // Warpgroup 0 (the producer, 24 registers per thread after setmaxnreg) copies the packed Q tile and then
 // key tile after key tile into a KV_STAGES-deep ring of 128-byte-swizzled tiles with cp.async. When a
@@ -17,8 +18,8 @@
 // The producer declares tile i full only after issuing tile i + 2, so the ring needs three stages to keep
 // a landed tile ready while the math warpgroups work on the previous one.
 //
-// Compile-time configuration: HEAD_DIM (64 or 128), BLOCK_N (64 or 128), NUM_WG (math warpgroups),
-// KV_STAGES (>= 3), ELEM_BF16, HAS_MASK.
+// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
+// NUM_WG (math warpgroups), KV_STAGES (>= 3), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -31,8 +32,9 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // setmaxnreg moves registers within the pool the CTA was launched with: ptxas caps a 384-thread kernel
 // at 168 registers per thread (65536 / 384, rounded down to a multiple of 8), so the split must fit
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
-constexpr int kProducerRegisters = 24;
-constexpr int kMathRegisters = 240;
+// 192-wide K rows take the producer more addresses (three sub-tiles): 32 / 232 there, 24 / 240 otherwise.
+constexpr int kProducerRegisters = HEAD_DIM == 192 ? 32 : 24;
+constexpr int kMathRegisters = HEAD_DIM == 192 ? 232 : 240;
 constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");
@@ -85,10 +87,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         const int slot = i % KV_STAGES;
         if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
         const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-        load_kv_tile_sw128<kProducerThreads, 2>(smem.k_ring + slot * kKVBytes, tile.k_rows,
-                                                p.k_seq_stride, key0, seqlen_k, tid);
-        load_kv_tile_sw128<kProducerThreads, 2>(smem.v_ring + slot * kKVBytes, tile.v_rows,
-                                                p.v_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<HEAD_DIM, kProducerThreads, 2>(smem.k_ring + slot * kKBytes, tile.k_rows,
+                                                          p.k_seq_stride, key0, seqlen_k, tid);
+        load_kv_tile_sw128<HEAD_DIM_V, kProducerThreads, 2>(smem.v_ring + slot * kVBytes, tile.v_rows,
+                                                            p.v_seq_stride, key0, seqlen_k, tid);
       }
       cp_async_commit();  // one group per tile, empty or not, so the wait counts stay uniform
     };
@@ -120,7 +122,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     const int slot = i % KV_STAGES;
     mbarrier_wait(full_bars + 8 * slot, (i / KV_STAGES) & 1);
     consume_key_tile<kWindowed>(rows, p, tile, (n_block_max - 1 - i) * BLOCK_N, p0 + warp_row0 + g, t, desc.q_rows,
-                                desc.k_ring.plus(slot * kKVBytes), desc.v_ring.plus(slot * kKVBytes));
+                                desc.k_ring.plus(slot * kKBytes), desc.v_ring.plus(slot * kVBytes));
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty_bars + 8 * slot);  // this warp is done with the slot
   }

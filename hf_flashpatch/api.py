@@ -9,7 +9,9 @@ v may have a head dim of its own, ``head_dim_v`` (``D_v``; multi-head latent att
 q/k 192, v 128): out then has ``D_v`` columns, lse is unchanged and ``softmax_scale=None`` is
 ``1 / sqrt(D)``, D being q/k's. :func:`flash_attn_func` and :func:`flash_attn_varlen_func` serve it on
 the forward/backward kernels by exact zero-padding to one kernel head dim (:mod:`hf_flashpatch.value_head_dim`:
-``P / D`` and ``P / D_v`` times the work). The decode paths (:func:`flash_attn_with_kvcache`,
+``P / D`` and ``P / D_v`` times the work), except where a forward kernel takes the pair itself and no
+gradient is needed (inference on Hopper at 192/128: :func:`hf_flashpatch.kernels.heuristics.native_value_head_dim`;
+the backward kernels take one head dim, so a call that needs gradients keeps the padded route). The decode paths (:func:`flash_attn_with_kvcache`,
 :func:`flash_attn_paged_decode`, :func:`flash_attn_slot_varlen_func`, and the decode kernel that
 :func:`flash_attn_func` tries for inference calls) do not pad: padding a whole cache at every call would
 cost more than the attention, so on CUDA such a call takes the torch fallback, with one warning.
@@ -127,10 +129,8 @@ def flash_attn_func(
         from .kernels import forward
 
         if v.shape[-1] != q.shape[-1]:  # no decode kernel try: it would decline (_decline_value_head_dim)
-            return padded_attention(forward.attention_forward, q, k, v, deterministic=deterministic,
-                                    **_window_args(window, causal), **common)  # fmt: skip
-        inference = not torch.is_grad_enabled() or not (q.requires_grad or k.requires_grad or v.requires_grad)
-        if inference and q.shape[0] > 0:  # the decode launch sizes its split by rows per sequence
+            return _forward_for(q, k, v)(q, k, v, deterministic=deterministic, **_window_args(window, causal), **common)
+        if not _needs_grad(q, k, v) and q.shape[0] > 0:  # the decode launch sizes its split by rows per sequence
             decoded = _try_decode(q, k, v, None, causal, window, common)
             if decoded is not None:
                 return decoded
@@ -141,6 +141,21 @@ def flash_attn_func(
         q, k, v, causal=causal, window=window, return_lse=lse, **common
     )
     return _finish(res, fall_back, return_lse, sinks)
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _forward_for(q, k, v):
+    """The forward kernel op for q ``(..., D)`` and v ``(..., D_v)``: the op itself where a kernel takes the head
+    dims (one for all, or a pair on Hopper with no gradient needed), else the op on zero-padded inputs (exact;
+    module docstring)."""
+    from .kernels import forward
+
+    if v.shape[-1] == q.shape[-1] or (not _needs_grad(q, k, v) and forward.native_value_head_dim_for(q, v)):
+        return forward.attention_forward
+    return partial(padded_attention, forward.attention_forward)
 
 
 def _try_decode(q, k, v, cache_seqlens, causal, window, common):
@@ -185,10 +200,7 @@ def flash_attn_varlen_func(
     def run():
         from .kernels import forward
 
-        # v with a head dim of its own: the same kernel on zero-padded inputs (exact; module docstring)
-        attend = forward.attention_forward if v.shape[-1] == q.shape[-1] else partial(padded_attention,
-                                                                                      forward.attention_forward)
-        return attend(
+        return _forward_for(q, k, v)(
             q, k, v,
             cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),

@@ -19,7 +19,9 @@ both 0); ``dA = dO V^T`` is unchanged (zero columns on both sides), so ``dS`` is
 
 The cost: the kernel does the work of head dim ``P``, i.e. ``P / D`` times the ``Q K^T`` work and ``P / D_v``
 times the ``P V`` work (DeepSeek-V3's 192/128 pads to 256: 1.33x and 2x), plus one copy of q, k and v.
-A native 192/128 kernel (FlashAttention-3 has one) is the open follow-up. Decoding over a cache is not
+On Hopper a forward kernel takes 192/128 itself (``cuda/fwd_hopper_ws.cu``), and calls that need no gradient
+run it instead (:func:`hf_flashpatch.kernels.heuristics.native_value_head_dim`); training keeps this route,
+because the backward kernels take one head dim. Decoding over a cache is not
 served this way: padding the whole cache at every step would cost more than the attention itself, so
 the decode paths decline ``D_v != D`` (see :mod:`hf_flashpatch.api`).
 

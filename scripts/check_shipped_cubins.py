@@ -99,8 +99,21 @@ def shipped_builds() -> dict:
                         config = decode_config(d, dtype == torch.bfloat16, addressing, softcap)
                         key = f"decode/{arch}/{dtype_name}/d{d}/{addressing}/softcap{int(softcap)}"
                         builds[key] = config.build(arch)
+            for d, d_v in _value_head_dim_pairs(arch):  # a v head dim of its own (multi-head latent attention)
+                for mask in (False, True):
+                    config = forward_config(d, dtype_name, mask, arch, head_dim_v=d_v)
+                    builds[f"fwd/{arch}/{dtype_name}/d{d}v{d_v}/mask{int(mask)}"] = config.build(arch)
         builds[f"kv_append/{arch}"] = KernelBuild("kv_append.cu", (), arch)
     return builds
+
+
+def _value_head_dim_pairs(arch: str) -> list:
+    """The (q/k, v) head-dim pairs a forward kernel of ``arch`` takes (none in checkouts older than them)."""
+    try:
+        from hf_flashpatch.kernels.heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, native_value_head_dim
+    except ImportError:
+        return []
+    return [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
 
 
 def _nvcc_version() -> str:

@@ -17,7 +17,7 @@ import torch
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc, shared_bytes_of
 from hf_flashpatch.kernels.forward import SUPPORTED_HEAD_DIMS, ForwardConfig, all_builds, attention_forward
-from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES, forward_tile_shape
+from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES, HOPPER_VALUE_HEAD_DIM_SHAPES, forward_tile_shape
 
 BUILDS = all_builds()
 ALL_COMPILED = BUILDS + all_builds("sm_80")  # Hopper's bodies, and the mma.sync bodies other GPUs run
@@ -115,12 +115,16 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
 
 def test_all_builds_cover_every_dtype_head_dim_and_mask():
     def key(b):
-        return b.source, dict(b.defines)["ELEM_BF16"], dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]
+        defines = dict(b.defines)
+        return defines["ELEM_BF16"], defines["HEAD_DIM"], defines.get("HEAD_DIM_V"), defines["HAS_MASK"]
 
     configs = {key(b) for b in BUILDS}
     # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, wgmma (plain or warp-specialised)
-    # at d64/d128
-    assert len(BUILDS) == len(configs) == len(SUPPORTED_HEAD_DIMS) * 2 * 2
+    # at d64/d128; and the warp-specialised body at q/k 192 with v 128 (multi-head latent attention)
+    pairs = len(HOPPER_VALUE_HEAD_DIM_SHAPES)
+    assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + pairs) * 2 * 2
+    assert {(d, d_v) for _, d, d_v, _ in configs if d_v not in (None, d)} == {
+        (str(d), str(d_v)) for d, d_v in HOPPER_VALUE_HEAD_DIM_SHAPES}
     assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper.cu", "fwd_hopper_ws.cu"}
     assert {b.source for b in all_builds("sm_80")} == {"fwd.cu"}
 
@@ -175,6 +179,11 @@ def test_op_schema_and_fake_shapes():
     cu = torch.empty(4, device="meta", dtype=torch.int32)
     out, lse = torch.ops.hf_flashpatch.attention_forward(qv, kv, kv, cu, cu, 16, 20, 0.125, False, -1, -1, 0.0, False)
     assert out.shape == (30, 8, 64) and lse.shape == (8, 30)
+    v192 = torch.empty(2, 9, 2, 128, device="meta", dtype=torch.bfloat16)  # (B, S_k, H_kv, D_v): out takes D_v
+    q192 = torch.empty(2, 7, 8, 192, device="meta", dtype=torch.bfloat16)
+    k192 = torch.empty(2, 9, 2, 192, device="meta", dtype=torch.bfloat16)
+    out, _ = torch.ops.hf_flashpatch.attention_forward(q192, k192, v192, None, None, 0, 0, 0.1, True, -1, 0, 0.0, False)
+    assert out.shape == (2, 7, 8, 128)
 
 
 @pytest.mark.parametrize(

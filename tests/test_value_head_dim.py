@@ -177,6 +177,76 @@ def test_flash_attn_func_on_a_kernel_device_takes_the_padded_forward_never_decod
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
 
 
+@pytest.fixture
+def hopper_pairs(monkeypatch):
+    """The kernel device is a Hopper GPU: the pairs of HOPPER_VALUE_HEAD_DIM_SHAPES have a native kernel."""
+    from hf_flashpatch.kernels.heuristics import native_value_head_dim
+
+    monkeypatch.setattr(forward, "native_value_head_dim_for",
+                        lambda q, v: native_value_head_dim(q.shape[-1], v.shape[-1], "sm_90a"))  # fmt: skip
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_native_pair_takes_the_unpadded_forward_for_inference_only(kernel_device, hopper_pairs, grad):
+    """192/128 on Hopper: inference runs the kernel at the native dims; a call that needs gradients keeps the padded
+    route (the backward kernels take one head dim). Other pairs are padded either way."""
+    q, k, v = _qkv(seqlen_q=5, seqlen_k=11, dims=(192, 128))
+    leaves = _leaves(q, k, v) if grad else [q, k, v]
+    out = hfp.flash_attn_func(*leaves, causal=True)
+    assert kernel_device == ([(256, 256, 256)] if grad else [(192, 192, 128)])
+    torch.testing.assert_close(out, attention_reference(q, k, v, causal=True)[0], **TOL)
+    kernel_device.clear()
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32)
+    packed = [t.reshape(-1, *t.shape[2:])[:9] for t in (q, k, v)]  # (T, H, D | D_v)
+    with torch.no_grad():
+        hfp.flash_attn_varlen_func(*packed, cu, cu, 5, 5, causal=True)
+        hfp.flash_attn_func(*_qkv(dims=(96, 64)), causal=True)  # no native kernel for this pair
+    assert kernel_device == [(192, 192, 128), (96, 96, 96)]
+
+
+def test_forward_launch_at_a_native_pair(monkeypatch):
+    """The launch at 192/128: the warp-specialised build with HEAD_DIM_V, out with v's head dim; refused off
+    Hopper and for pairs no kernel takes."""
+    from launch_recorder import RecordingKernel
+
+    launched, built = [], []
+    monkeypatch.setattr(forward, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: built.append(build)
+                        or RecordingKernel(entry, launched))  # fmt: skip
+    monkeypatch.setattr(forward, "_aligned", lambda t: t)
+    q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=70, dims=(192, 128)))
+    with pytest.raises(KernelUnsupported, match="one CUDA device"):  # the pair passes the head-dim check
+        forward._check_supported(q, k, v)
+    monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
+    out, lse = forward._launch(q, k, v, None, None, 0, 0, None, True, -1, -1, 0.0)
+    assert out.shape == (*q.shape[:-1], 128) and lse.shape == (2, 4, 70)
+    ((entry, grid, _args),) = launched
+    defines = dict(built[0].defines)
+    assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
+    assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")
+    assert grid == (math.ceil(70 * 2 / 128), 2, 2)
+    monkeypatch.setattr(forward, "device_arch", lambda device: "sm_80")
+    with pytest.raises(KernelUnsupported, match="192 / 128 on sm_80"):
+        forward._launch(q, k, v, None, None, 0, 0, None, True, -1, -1, 0.0)
+    monkeypatch.undo()
+    with pytest.raises(KernelUnsupported, match=r"v \(2, 70, 2, 64\)"):  # a pair no kernel takes
+        forward._check_supported(q, k, v[..., :64])
+
+
+def test_native_pair_configs():
+    cfg = forward.ForwardConfig.for_problem(192, "bf16", True, arch="sm_90a", head_dim_v=128)
+    assert cfg.warp_specialized and cfg.value_dim == 128 and cfg.block_n == 64
+    assert forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_90a", head_dim_v=128).head_dim_v is None
+    with pytest.raises(ValueError, match="192 / 128 on sm_80"):
+        forward.ForwardConfig.for_problem(192, "bf16", True, arch="sm_80", head_dim_v=128)
+    with pytest.raises(ValueError, match="invalid wgmma tile"):  # the plain Hopper body takes one head dim
+        forward.ForwardConfig(192, "bf16", 128, 64, 8, wgmma=True, head_dim_v=128)
+    with pytest.raises(ValueError, match="one head dim"):
+        forward.ForwardConfig(64, "bf16", 128, 64, 4, head_dim_v=32)
+    sm90 = {dict(b.defines)["HEAD_DIM_V"] for b in forward.all_builds("sm_90a") if dict(b.defines)["HEAD_DIM"] == "192"}
+    assert sm90 == {"128"} and not any(dict(b.defines)["HEAD_DIM"] == "192" for b in forward.all_builds("sm_80"))
+
+
 def test_varlen_on_a_kernel_device_takes_the_padded_forward(kernel_device):
     q, k, v = _qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(96, 64), packed=True)
     cu = torch.tensor([0, 4, 12], dtype=torch.int32)

@@ -1,6 +1,7 @@
 """FlashAttention forward kernels as the custom op ``hf_flashpatch::attention_forward``: ``cuda/fwd.cu``
 (mma.sync, every sm_80+ GPU and head dim) and, on Hopper at head dims 64/128, ``cuda/fwd_hopper.cu``
-(wgmma); which body serves a call is decided in :mod:`hf_flashpatch.kernels.heuristics`.
+(wgmma) and ``cuda/fwd_hopper_ws.cu`` (wgmma, warp-specialised); which body serves a call is decided in
+:mod:`hf_flashpatch.kernels.heuristics`.
 
 Layouts (flash-attn's):
 
@@ -9,7 +10,10 @@ Layouts (flash-attn's):
   ``out (B, S_q, H, D)`` contiguous in q's dtype and ``lse (B, H, S_q)`` fp32;
 - varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, ``cu_seqlens_q/k`` int32 ``(N + 1,)``; returns
   ``out (T_q, H, D)`` and ``lse (H, T_q)``. ``max_seqlen_q`` sizes the grid and must be at least the
-  longest query sequence (it is not checked: that would need a device-to-host copy).
+  longest query sequence (it is not checked: that would need a device-to-host copy);
+- v may have a head dim of its own, ``D_v``, where a kernel takes that pair (on Hopper: q/k 192 with v 128,
+  multi-head latent attention; :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`): out then
+  has ``D_v`` columns. Other pairs are refused here; the public API pads them (``value_head_dim.py``).
 
 ``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
 no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`
@@ -18,7 +22,7 @@ packed into the rows of one query tile, so each K/V tile is loaded once per grou
 
 What the kernel does not serve raises :class:`~hf_flashpatch.errors.KernelUnsupported` (the public
 API then takes the torch fallback): dtypes other than fp16/bf16, head dims outside
-{32, 64, 96, 128, 256}, mismatched q/k/v dtypes or devices. Inputs whose strides or base address
+{32, 64, 96, 128, 256} (or a v head dim no kernel takes with q's), mismatched q/k/v dtypes or devices. Inputs whose strides or base address
 are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path).
 The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
 """
@@ -33,7 +37,7 @@ from ..errors import KernelUnsupported
 from . import forward_torch
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
-from .heuristics import TileShape, forward_tile_shape
+from .heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, native_value_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -48,7 +52,7 @@ _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 class ForwardConfig:
     """One compiled variant of ``cuda/fwd.cu``: the compile-cache key (through :meth:`build`)."""
 
-    head_dim: int
+    head_dim: int  # q's and k's
     dtype: str  # "bf16" or "fp16"
     block_m: int
     block_n: int
@@ -60,11 +64,18 @@ class ForwardConfig:
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper.cu): block_m = 64 per warpgroup of 4 warps
     warp_specialized: bool = False  # wgmma body only: + a producer warpgroup (in num_warps) streaming K/V
+    head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     def __post_init__(self):
         if self.wgmma:
             self._check_wgmma()
             return
+        if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
+            raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
         if self.warp_specialized:
             raise ValueError(f"warp_specialized is a wgmma-body option, got {self}")
         rows_per_warp = 16 * self.num_warps
@@ -83,27 +94,31 @@ class ForwardConfig:
             raise ValueError(f"dtype must be 'bf16' or 'fp16', got {self.dtype!r}")
         warpgroups, rest = divmod(self.num_warps, 4)
         math_warpgroups = warpgroups - int(self.warp_specialized)
+        dims = (self.head_dim, self.value_dim)
         ok = (
-            self.head_dim in (64, 128) and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
+            (dims in ((64, 64), (128, 128)) or (dims in HOPPER_VALUE_HEAD_DIM_SHAPES and self.warp_specialized))
+            and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= (3 if self.warp_specialized else 2)
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
             and not (self.warp_specialized and math_warpgroups != 2)
         )  # fmt: skip
         if not ok:
-            raise ValueError(f"invalid wgmma tile (head dim 64/128, block_n 64/128, block_m = 64 per math warpgroup, "
+            raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or, warp-specialised, "
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128, block_m = 64 per math warpgroup, "
                              f"num_warps % 4 == 0, 3 stages with warp specialisation, warp specialisation with "
                              f"2 math warpgroups), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
-                    arch: str = "sm_80"):  # fmt: skip
-        shape = shape or forward_tile_shape(head_dim, arch, has_mask=has_mask)
+                    arch: str = "sm_80", head_dim_v: int | None = None):  # fmt: skip
+        head_dim_v = None if head_dim_v == head_dim else head_dim_v
+        shape = shape or forward_tile_shape(head_dim, arch, has_mask=has_mask, head_dim_v=head_dim_v)
         return cls(
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, warp_specialized=shape.warp_specialized,
+            wgmma=shape.wgmma, warp_specialized=shape.warp_specialized, head_dim_v=head_dim_v,
         )  # fmt: skip
 
     @property
@@ -122,7 +137,8 @@ class ForwardConfig:
                 raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
             math_warpgroups = self.num_warps // 4 - int(self.warp_specialized)
             defines = (
-                ("HEAD_DIM", self.head_dim), ("BLOCK_N", self.block_n), ("NUM_WG", math_warpgroups),
+                ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
+                ("NUM_WG", math_warpgroups),
                 ("KV_STAGES", self.kv_stages),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
@@ -139,11 +155,14 @@ class ForwardConfig:
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
-    """Every build shipped for ``arch``: dtype x head dim x masking (the CI compile check walks this list)."""
+    """Every build shipped for ``arch``: dtype x head dim (and the v head dims of their own the arch's kernels
+    take) x masking (the CI compile check walks this list)."""
+    dims = [(head_dim, None) for head_dim in SUPPORTED_HEAD_DIMS]
+    dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
     builds = [
-        ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch).build(arch)
+        ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch, head_dim_v=head_dim_v).build(arch)
         for dtype in ("bf16", "fp16")
-        for head_dim in SUPPORTED_HEAD_DIMS
+        for head_dim, head_dim_v in dims
         for has_mask in (False, True)
     ]
     return list(dict.fromkeys(builds))
@@ -157,15 +176,23 @@ def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise KernelUnsupported(f"the forward kernel takes float16/bfloat16, got {q.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelUnsupported(f"the forward kernel needs one dtype for q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or k.shape[-1] != q.shape[-1] or v.shape[-1] != q.shape[-1]:
+    own_value_dim = (q.shape[-1], v.shape[-1]) in HOPPER_VALUE_HEAD_DIM_SHAPES  # the arch is checked at launch
+    if k.shape[-1] != q.shape[-1] or not (q.shape[-1] in SUPPORTED_HEAD_DIMS and v.shape[-1] == q.shape[-1]
+                                          or own_value_dim):  # fmt: skip
         raise KernelUnsupported(
-            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS}, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-            f"v {tuple(v.shape)}"
+            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS} (v's the same, or q/k and v "
+            f"{' or '.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))} on Hopper), got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.is_cuda and k.device == q.device and v.device == q.device):
         raise KernelUnsupported(f"the forward kernel needs q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
     if q.shape[-2] % k.shape[-2]:
         raise KernelUnsupported(f"kv heads must divide q heads, got {q.shape[-2]} and {k.shape[-2]}")
+
+
+def native_value_head_dim_for(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether a forward kernel takes q's head dim with v's (of its own) on q's device (no padding needed)."""
+    return q.is_cuda and native_value_head_dim(q.shape[-1], v.shape[-1], device_arch(q.device))
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -183,13 +210,16 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
-    heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    heads, kv_heads, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     group = heads // kv_heads
     left, right = fold_window(causal, window_left, window_right)
     arch = device_arch(q.device)
-    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch)
+    if head_dim_v != head_dim and not native_value_head_dim(head_dim, head_dim_v, arch):
+        raise KernelUnsupported(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
+    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch,
+                                       head_dim_v)  # fmt: skip
 
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (B, S_q, H, D) or (T_q, H, D), contiguous
+    out = q.new_empty((*q.shape[:-1], head_dim_v))  # (B, S_q, H, D_v) or (T_q, H, D_v), contiguous
     if varlen:
         num_seqs = cu_seqlens_q.numel() - 1
         total_q = q.shape[0]
@@ -279,7 +309,7 @@ attention_forward_op = torch.library.custom_op("hf_flashpatch::attention_forward
 @attention_forward_op.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
       window_right, softcap, deterministic):  # fmt: skip
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, like the kernel's
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # (..., D_v), contiguous, like the kernel's
     if cu_seqlens_q is not None:
         lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)  # (H, T_q)
     else:

@@ -57,11 +57,29 @@ _WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma
 # - d64: the plain body (one product at a time, double-buffered K/V) unmasked, where the producer warpgroup
 #   does not pay for itself; the warp-specialised body masked.
 HOPPER_SHAPES: dict[int, TileShape | tuple[TileShape, TileShape]] = {64: (_WGMMA, _WGMMA_WS), 128: _WGMMA_WS}
+# (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
+# 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
+# 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
+# 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/value_head_dim.py).
+HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
+    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True),
+}
 
 
-def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False) -> TileShape:
-    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window). The
-    wgmma bodies serve head dims 64 and 128 on sm_90a; every other case takes the mma.sync table."""
+def native_value_head_dim(head_dim: int, head_dim_v: int, arch: str) -> bool:
+    """Whether a forward kernel takes q/k at ``head_dim`` and v at ``head_dim_v != head_dim`` on ``arch``."""
+    return arch == "sm_90a" and (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES
+
+
+def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False,
+                       head_dim_v: int | None = None) -> TileShape:  # fmt: skip
+    """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window; ``head_dim_v``:
+    v's head dim where it differs, see :data:`HOPPER_VALUE_HEAD_DIM_SHAPES`). The wgmma bodies serve head dims
+    64 and 128 on sm_90a; every other case takes the mma.sync table."""
+    if head_dim_v is not None and head_dim_v != head_dim:
+        if not native_value_head_dim(head_dim, head_dim_v, arch):
+            raise ValueError(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
+        return HOPPER_VALUE_HEAD_DIM_SHAPES[(head_dim, head_dim_v)]
     if arch == "sm_90a" and head_dim in HOPPER_SHAPES:
         shape = HOPPER_SHAPES[head_dim]
         return shape[int(has_mask)] if isinstance(shape, tuple) else shape
@@ -167,11 +185,11 @@ def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_
 # ============================================================================ configs of whole problems
 
 
-def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str):
+def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str, head_dim_v: int | None = None):
     """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16")."""
     from .forward import ForwardConfig
 
-    return ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch)
+    return ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch, head_dim_v=head_dim_v)
 
 
 def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministic: bool = False):
