@@ -480,8 +480,9 @@ WHY = {
     unsupported.MASK_4D: "a 4-D mask built by the model: transformers' sdpa with that mask",
 }
 SERVED_VALUE_HEAD_DIM = ("multi-head latent attention (V's head dim differs from Q/K's): our forward/backward "
-                         "kernels on inputs zero-padded to one kernel head dim (exact); on a GPU, decode steps over a "
-                         "cache: transformers' sdpa (`value head dim`)")
+                         "kernels on inputs zero-padded to one kernel head dim (exact), on Hopper at 192/128 a native "
+                         "forward for eager calls without gradients; on a GPU, decode steps over a cache: "
+                         "transformers' sdpa (`value head dim`)")
 HEADER = """# Architectures
 
 What `hf_flashpatch.patch(model)` runs for every causal-LM architecture of transformers {version}, one row
@@ -492,7 +493,8 @@ and `generate_batch`. Its default run covers {representative}; `-m slow` runs ev
 
 - **our kernels**: every attention call runs on hf_flashpatch's kernels (their torch fallback on CPU).
   Multi-head latent attention (DeepSeek-V2/V3 and its family: V's head dim differs from Q/K's) runs the
-  forward/backward kernels on inputs zero-padded to one kernel head dim (exact; `hf_flashpatch/value_head_dim.py`);
+  forward/backward kernels on inputs zero-padded to one kernel head dim (exact; `hf_flashpatch/value_head_dim.py`),
+  and on Hopper at 192/128 (DeepSeek-V3) a native forward kernel for eager calls without gradients (prefill);
   on a GPU its decode steps over a cache take transformers' sdpa with one `value head dim` warning (the decode
   kernels take one head dim), which this CPU-made table lists in the row's "why", not in "what runs".
 - **fallback (reason)**: calls our kernels cannot serve go to transformers' own sdpa or eager attention
