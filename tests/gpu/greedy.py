@@ -18,15 +18,17 @@ def _last_logits(model, ids: torch.Tensor, attn: str, dtype) -> torch.Tensor:
         return model.to(dtype)(input_ids=ids).logits[0, -1].float()
 
 
-def first_divergence_is_near_tie(model, context: list[int], got: list[int], want: list[int]) -> tuple[bool, str]:
-    """``context``: the prompt's real tokens; ``got``/``want``: the two generated continuations."""
+def first_divergence_is_near_tie(model, context: list[int], got: list[int], want: list[int],
+                                 reference: str = "sdpa") -> tuple[bool, str]:  # fmt: skip
+    """``context``: the prompt's real tokens; ``got``/``want``: the two generated continuations; ``reference``:
+    transformers' attention that judges (``eager`` for architectures without sdpa). The model is left under it."""
     step = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
     if step is None:
         return (len(got) == len(want), f"lengths {len(got)} vs {len(want)}")
     half = next(model.parameters()).dtype
     ids = torch.tensor([context + got[:step]], device=next(model.parameters()).device)
-    exact = _last_logits(model, ids, "sdpa", torch.float32)
-    torch_half = _last_logits(model, ids, "sdpa", half)
+    exact = _last_logits(model, ids, reference, torch.float32)
+    torch_half = _last_logits(model, ids, reference, half)
     model.to(half)
     gap = (exact[got[step]] - exact[want[step]]).abs().item()
     tolerance = 2 * (torch_half - exact).abs().max().item()
