@@ -98,7 +98,8 @@ def padded_calls(monkeypatch):
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"{a}x{b}" for a, b in SEQLENS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_matches_the_oracle(dims, heads, seqlens, causal, padded_calls):
-    """Inference calls included (S_q = 1 would try the decode kernel at one head dim: here the padded forward)."""
+    """Inference calls: the native forward where a kernel takes the pair (192/128 on Hopper), else the padded one
+    (S_q = 1 would try the decode kernel at one head dim: never for D_v != D)."""
     q, k, v = _qkv(2, *seqlens, HEADS[heads], DIMS[dims])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -212,13 +213,14 @@ def test_deepseek_v3_logits_within_twice_sdpa_error():
             warnings.simplefilter("always")
             ours = model(input_ids=ids, attention_mask=mask).logits[real].float()
     _no_fallback(caught)
-    assert not [w for w in caught if "cannot serve" in str(w.message)]  # the prefill is ours, padded
+    assert not [w for w in caught if "cannot serve" in str(w.message)]  # the prefill is ours (native on Hopper)
     err, err_sdpa = (ours - exact).abs().max().item(), (sdpa - exact).abs().max().item()
     assert err <= 2 * err_sdpa + 1e-2, (err, err_sdpa)
 
 
 def test_deepseek_v3_greedy_generate_matches_sdpa(monkeypatch):
-    """Prefill on the padded kernels, each decode step on transformers' sdpa (one `value head dim` warning)."""
+    """Prefill on our kernels (the native 192/128 forward on Hopper), each decode step on transformers' sdpa (one
+    `value head dim` warning)."""
     from hf_flashpatch.backend import unsupported
 
     monkeypatch.setattr(unsupported, "_warned", set())
