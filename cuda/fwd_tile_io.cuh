@@ -114,12 +114,11 @@ __device__ __forceinline__ void copy_packed_tile(G* base, T* smem, int64_t pos_s
   using L = TileLayout<kHeadDim>;
   for_each_packed_chunk<kHeadDim, kRows, kThreadCount>(
       tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
+        G* global = base + (valid ? pos * pos_stride + head * head_stride + col : 0);
         if constexpr (kToShared) {
-          const G* src = base + (valid ? pos * pos_stride + head * head_stride + col : 0);
-          cp_async_16(smem_addr(smem + row * L::kRowStride + col), src, valid);
+          cp_async_16(smem_addr(smem + row * L::kRowStride + col), global, valid);
         } else if (valid) {
-          *reinterpret_cast<uint4*>(base + pos * pos_stride + head * head_stride + col) =
-              *reinterpret_cast<const uint4*>(smem + row * L::kRowStride + col);
+          *reinterpret_cast<uint4*>(global) = *reinterpret_cast<const uint4*>(smem + row * L::kRowStride + col);
         }
       });
 }
