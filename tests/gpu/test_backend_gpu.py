@@ -106,23 +106,30 @@ def test_unpadded_logits_within_twice_sdpa_error():
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("lengths", [LENGTHS, [64, 64]], ids=["left_padded", "no_padding"])
 def test_greedy_generate_matches_sdpa(cache, lengths, grad_mode):
-    import hf_flashpatch
-
     ids, mask = left_padded_batch(lengths, seed=1)
     model = tiny_llama("sdpa")
     kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0,
                   eos_token_id=None, cache_implementation=cache)  # fmt: skip
     if cache == "static":  # no CUDA-graph compilation of the decode step: compare the attention, not compile
         kwargs["disable_compile"] = True
-    with GRAD_MODES[grad_mode]():
+    want, got, caught = generate_before_and_after_patch(model, ids, kwargs, GRAD_MODES[grad_mode])
+    no_fallback(caught)
+    assert got.shape == (len(lengths), max(lengths) + NEW_TOKENS)
+    assert_same_greedy(model, got, want, mask)
+
+
+def generate_before_and_after_patch(model, ids, kwargs, grad_mode=torch.no_grad):
+    """``(want, got, caught)``: ``generate`` under the model's own attention, then patched, with the patched
+    run's warnings recorded."""
+    import hf_flashpatch
+
+    with grad_mode():
         want = model.generate(input_ids=ids, **kwargs)
         hf_flashpatch.patch(model)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             got = model.generate(input_ids=ids, **kwargs)
-    no_fallback(caught)
-    assert got.shape == (len(lengths), max(lengths) + NEW_TOKENS)
-    assert_same_greedy(model, got, want, mask)
+    return want, got, caught
 
 
 def assert_same_greedy(model, got, want, mask):

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .test_backend_gpu import assert_same_greedy, left_padded_batch, seeded_on_gpu
+from .test_backend_gpu import assert_same_greedy, generate_before_and_after_patch, left_padded_batch, seeded_on_gpu
 
 pytestmark = pytest.mark.gpu
 
@@ -227,12 +227,7 @@ def test_deepseek_v3_greedy_generate_matches_sdpa(monkeypatch):
     ids, mask = left_padded_batch([113, 1, 64, 97], seed=1)
     model = tiny_deepseek_v3()
     kwargs = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0, eos_token_id=None)
-    with torch.no_grad():
-        want = model.generate(input_ids=ids, **kwargs)
-        hfp.patch(model)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            got = model.generate(input_ids=ids, **kwargs)
+    want, got, caught = generate_before_and_after_patch(model, ids, kwargs)
     _no_fallback(caught)
     reasons = [str(w.message) for w in caught if "cannot serve" in str(w.message)]
     assert len(reasons) == 1 and "(value head dim: value head dim 128, query/key head dim 192" in reasons[0], reasons
