@@ -2,8 +2,9 @@
 // KV cache. Memory bound: every byte of K/V is read once per (sequence, KV head, row tile) and the
 // work is arranged to keep many 16-byte loads in flight.
 //
-// Layout: q (B, S_q, H, D) (or packed (T_q, H, D) with cu_seqlens_q), out likewise, lse (B, H, S_q)
-// fp32 (any strides). K/V addressing is chosen at compile time (decode_kv_address.cuh).
+// Layout: q (B, S_q, H, D) (or packed (T_q, H, D) with cu_seqlens_q), K rows of D and V rows of D_v, out
+// (B, S_q, H, D_v) likewise, lse (B, H, S_q) fp32 (any strides). K/V addressing is chosen at compile time
+// (decode_kv_address.cuh).
 //
 // Work split:
 //   grid  = (row_tiles * num_splits, H_kv, B), block = 4 warps.
@@ -71,7 +72,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     const int tok = valid ? row / group : 0, head = kv_head * group + (valid ? row % group : 0);
     const long long batch_off = p.cu_seqlens_q ? 0 : (long long)b * p.q_stride_b;
     const Elem* src = p.q + batch_off + (long long)(q_begin + tok) * p.q_stride_s + (long long)head * p.q_stride_h + ch * 8;
-    cp_async_16(smem_addr(smem_q + tile_offset(r, ch)), src, valid);
+    cp_async_16(smem_addr(smem_q + tile_offset<kHeadDim>(r, ch)), src, valid);
   }
   cp_async_commit();  // group 0: Q (waited for before the loop, below)
 
@@ -105,7 +106,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       // e / kChunks, chunk e % kChunks): whole rows per instruction.
       const int key0 = k_begin + (warp + tile_of(it) * kWarps) * kTileKeys;
       Elem* k_dst = warp_kv + slot * kStageElems;
-      Elem* v_dst = k_dst + kTileElems;
+      Elem* v_dst = k_dst + kKTileElems;
 #if KV_ADDRESSING != 0
       // This lane's key (clamped into the chunk), or with page_tiles the tile's first key, whose row
       // address plus r rows places row r of the tile.
@@ -117,34 +118,45 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
 #endif
       // ArithRows (page_tiles): row r of the tile is r rows after the tile's first key in its page.
       // A template argument rather than a branch per row, so each form is one straight-line loop.
+      // Copy instruction i of K (i < kChunks / 2) and of V (i < kChunksV / 2); with one head dim the two
+      // share the row arithmetic.
       auto copy_rows = [&](auto arith_rows) {
         constexpr bool kArithRows = decltype(arith_rows)::value;
         (void)kArithRows;
-#pragma unroll
-        for (int i = 0; i < kChunks / 2; ++i) {
-          const int e = i * 32 + lane, row = e / kChunks, ch = e % kChunks;
-          const bool valid = key0 + row < k_end;
+        // The row address of `row` in K (kIsV false) or V: whole-tile copies read it from this lane's own
+        // key (kArithRows) or from the lane holding it.
+        auto row_address = [&](auto is_v, int row, bool valid) -> const Elem* {
+          constexpr bool kIsV = decltype(is_v)::value;
+          (void)valid;
 #if KV_ADDRESSING == 0
           // Contiguous: the row address is plain arithmetic, no shuffle needed.
           long long k_off, v_off;
           p.kv.locate(b, valid ? key0 + row : k_begin, k_off, v_off);
-          const Elem* k_row = p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
-          const Elem* v_row = p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2;
+          return kIsV ? p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2
+                      : p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
 #else
-          const Elem *k_row, *v_row;
           if constexpr (kArithRows) {
             // Rows past k_end are still inside the tile's page (page_size is a multiple of 16) and
             // are zero-filled, never read.
-            k_row = k_mine + row * p.kv.k_stride1;
-            v_row = v_mine + row * p.kv.v_stride1;
+            return kIsV ? v_mine + row * p.kv.v_stride1 : k_mine + row * p.kv.k_stride1;
           } else {
             // Lanes row and row + 16 both hold key key0 + row (invalid keys hold key k_begin: in range).
-            k_row = shfl_pointer(k_mine, row);
-            v_row = shfl_pointer(v_mine, row);
+            return shfl_pointer(kIsV ? v_mine : k_mine, row);
           }
 #endif
-          cp_async_16(smem_addr(k_dst + tile_offset(row, ch)), k_row + ch * 8, valid);
-          cp_async_16(smem_addr(v_dst + tile_offset(row, ch)), v_row + ch * 8, valid);
+        };
+        constexpr int kSteps = (kChunks > kChunksV ? kChunks : kChunksV) / 2;
+#pragma unroll
+        for (int i = 0; i < kSteps; ++i) {
+          const bool has_k = i < kChunks / 2, has_v = i < kChunksV / 2;  // compile-time once unrolled
+          const int e = i * 32 + lane;
+          const int k_row_index = e / kChunks, k_chunk = e % kChunks, v_row_index = e / kChunksV, v_chunk = e % kChunksV;
+          const bool k_valid = key0 + k_row_index < k_end, v_valid = key0 + v_row_index < k_end;
+          // Both addresses before both copies (with one head dim: the same row, one shuffle pair per instruction).
+          const Elem* k_row = has_k ? row_address(std::false_type{}, k_row_index, k_valid) : nullptr;
+          const Elem* v_row = has_v ? row_address(std::true_type{}, v_row_index, v_valid) : nullptr;
+          if (has_k) cp_async_16(smem_addr(k_dst + tile_offset<kHeadDim>(k_row_index, k_chunk)), k_row + k_chunk * 8, k_valid);
+          if (has_v) cp_async_16(smem_addr(v_dst + tile_offset<kHeadDimV>(v_row_index, v_chunk)), v_row + v_chunk * 8, v_valid);
         }
       };
       if (page_tiles) {  // uniform over the CTA
@@ -168,11 +180,11 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   // Q A-fragment of k-step kk: matrices (rows 0-7, c), (rows 8-15, c), (rows 0-7, c+1), (rows 8-15, c+1).
   auto load_q_fragment = [&](uint32_t (&a)[4], int kk) {
     const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = kk * 2 + (mi >> 1);
-    ldmatrix_x4(a, smem_addr(smem_q + tile_offset(r, ch)));
+    ldmatrix_x4(a, smem_addr(smem_q + tile_offset<kHeadDim>(r, ch)));
   };
-  float o_acc[kHeadDim / 8][4];
+  float o_acc[kHeadDimV / 8][4];
 #pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
+  for (int n = 0; n < kHeadDimV / 8; ++n) o_acc[n][0] = o_acc[n][1] = o_acc[n][2] = o_acc[n][3] = 0.f;
   float row_max[2] = {-INFINITY, -INFINITY};  // running max of scores (log2 domain) of rows g, g+8
   float row_sum[2] = {0.f, 0.f};              // running sum of 2^(score - row_max)
 
@@ -194,7 +206,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     issue_tile(it + STAGES - 1);
 
     const Elem* k_tile = warp_kv + (it % STAGES) * kStageElems;
-    const Elem* v_tile = k_tile + kTileElems;
+    const Elem* v_tile = k_tile + kKTileElems;
 
     // S (16 rows x 16 keys) = Q K^T: two n8 blocks, HEAD_DIM / 16 k-steps.
     float s_acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -204,7 +216,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       load_q_fragment(a, kk);
       {  // K B-fragments: (keys 0-7, c), (keys 0-7, c+1), (keys 8-15, c), (keys 8-15, c+1)
         const int mi = lane / 8, r = (mi >> 1) * 8 + lane % 8, ch = kk * 2 + (mi & 1);
-        ldmatrix_x4(kb, smem_addr(k_tile + tile_offset(r, ch)));
+        ldmatrix_x4(kb, smem_addr(k_tile + tile_offset<kHeadDim>(r, ch)));
       }
       const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
       mma_16816<ELEM_BF16 != 0>(s_acc[0], a, b0);
@@ -245,25 +257,25 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       row_sum[half] = row_sum[half] * rescale[half] + tile_sum;  // quad-partial; reduced at the end
     }
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
+    for (int n = 0; n < kHeadDimV / 8; ++n) {
       o_acc[n][0] *= rescale[0];
       o_acc[n][1] *= rescale[0];
       o_acc[n][2] *= rescale[1];
       o_acc[n][3] *= rescale[1];
     }
 
-    // O (16 x D) += P (16 x 16 keys) V (16 keys x D). P's C-fragment is already the A layout.
+    // O (16 x D_v) += P (16 x 16 keys) V (16 keys x D_v). P's C-fragment is already the A layout.
     uint32_t pa[4];
     pa[0] = Traits::pack2(s_acc[0][0], s_acc[0][1]);
     pa[1] = Traits::pack2(s_acc[0][2], s_acc[0][3]);
     pa[2] = Traits::pack2(s_acc[1][0], s_acc[1][1]);
     pa[3] = Traits::pack2(s_acc[1][2], s_acc[1][3]);
 #pragma unroll
-    for (int dc = 0; dc < kHeadDim / 16; ++dc) {
+    for (int dc = 0; dc < kHeadDimV / 16; ++dc) {
       // V^T B-fragments: (keys 0-7, c), (keys 8-15, c), (keys 0-7, c+1), (keys 8-15, c+1), c = 2 * dc
       uint32_t vb[4];
       const int mi = lane / 8, r = (mi & 1) * 8 + lane % 8, ch = dc * 2 + (mi >> 1);
-      ldmatrix_x4_trans(vb, smem_addr(v_tile + tile_offset(r, ch)));
+      ldmatrix_x4_trans(vb, smem_addr(v_tile + tile_offset<kHeadDimV>(r, ch)));
       const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
       mma_16816<ELEM_BF16 != 0>(o_acc[2 * dc], pa, b0);
       mma_16816<ELEM_BF16 != 0>(o_acc[2 * dc + 1], pa, b1);
@@ -273,17 +285,17 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   __syncthreads();  // all warps done with their pipelines: the K/V buffers can be reused for the merge
 
   // ---- merge the four warp states through shared memory
-  // Region layout (fp32): o [warps][16][D], max [warps][16], sum [warps][16].
+  // Region layout (fp32): o [warps][16][D_v], max [warps][16], sum [warps][16].
   float* merge_o = reinterpret_cast<float*>(smem_kv);
-  float* merge_max = merge_o + kWarps * kRows * kHeadDim;
+  float* merge_max = merge_o + kWarps * kRows * kHeadDimV;
   float* merge_sum = merge_max + kWarps * kRows;
 #pragma unroll
   for (int half = 0; half < 2; ++half) row_sum[half] = quad_sum(row_sum[half]);
 #pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) {
-    float* base = merge_o + warp * kRows * kHeadDim + n * 8 + 2 * t;
-    *reinterpret_cast<float2*>(base + g * kHeadDim) = make_float2(o_acc[n][0], o_acc[n][1]);
-    *reinterpret_cast<float2*>(base + (g + 8) * kHeadDim) = make_float2(o_acc[n][2], o_acc[n][3]);
+  for (int n = 0; n < kHeadDimV / 8; ++n) {
+    float* base = merge_o + warp * kRows * kHeadDimV + n * 8 + 2 * t;
+    *reinterpret_cast<float2*>(base + g * kHeadDimV) = make_float2(o_acc[n][0], o_acc[n][1]);
+    *reinterpret_cast<float2*>(base + (g + 8) * kHeadDimV) = make_float2(o_acc[n][2], o_acc[n][3]);
   }
   if (t == 0) {
     merge_max[warp * kRows + g] = row_max[0];
@@ -293,10 +305,10 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   }
   __syncthreads();
 
-  // Each thread finishes (row, 4 consecutive dims) pieces of the 16 x D output tile.
+  // Each thread finishes (row, 4 consecutive dims) pieces of the 16 x D_v output tile.
   constexpr float kLn2 = 0.6931471805599453f;
-  for (int idx = threadIdx.x; idx < kRows * (kHeadDim / 4); idx += kWarps * 32) {
-    const int r = idx / (kHeadDim / 4), d = (idx % (kHeadDim / 4)) * 4;
+  for (int idx = threadIdx.x; idx < kRows * (kHeadDimV / 4); idx += kWarps * 32) {
+    const int r = idx / (kHeadDimV / 4), d = (idx % (kHeadDimV / 4)) * 4;
     if (r >= rows_valid) continue;
     float m = -INFINITY;
 #pragma unroll
@@ -308,7 +320,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     for (int w = 0; w < kWarps; ++w) {
       const float f = exp2f(merge_max[w * kRows + r] - base);
       sum += merge_sum[w * kRows + r] * f;
-      const float4 o = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDim + d);
+      const float4 o = *reinterpret_cast<const float4*>(merge_o + (w * kRows + r) * kHeadDimV + d);
       acc.x += o.x * f, acc.y += o.y * f, acc.z += o.z * f, acc.w += o.w * f;
     }
     // Rows that see nothing (sum 0): zeros, lse -inf. A NaN score (NaN in q or k) makes sum NaN, which
@@ -331,7 +343,7 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
     } else {
       // Workspace rows are (split, flat token, head).
       const long long ws_row = ((long long)split * p.total_q + flat_token(p, b, q_begin, tok)) * p.heads + head;
-      *reinterpret_cast<float4*>(p.o_part + ws_row * kHeadDim + d) =
+      *reinterpret_cast<float4*>(p.o_part + ws_row * kHeadDimV + d) =
           make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
       if (d == 0) p.lse_part[ws_row] = lse;
     }

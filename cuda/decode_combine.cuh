@@ -1,6 +1,6 @@
 // hf_flashpatch: the split-KV merge of the decode kernel (hfp_decode_combine in cuda/decode.cu).
-// Layout: partial rows o_part (split, flat token, H, D) fp32 normalised per split, lse_part (split, flat
-// token, H); out (B, S_q, H, D) or packed (T_q, H, D) in the input dtype, lse (B, H, S_q) fp32.
+// Layout: partial rows o_part (split, flat token, H, D_v) fp32 normalised per split, lse_part (split, flat
+// token, H); out (B, S_q, H, D_v) or packed (T_q, H, D_v) in the input dtype, lse (B, H, S_q) fp32.
 #pragma once
 #include "decode_common.cuh"
 
@@ -27,12 +27,12 @@ __device__ __forceinline__ void decode_combine(const DecodeParams& p) {
   // Batched form: flat_tok = b * S_q + tok; packed form: the batch stride is 0 and tok = flat_tok.
   const long long tok_in_row = p.cu_seqlens_q ? flat_tok : flat_tok % p.seqlen_q;
   Elem* dst = p.out + (long long)b * p.out_stride_b + tok_in_row * p.out_stride_s + (long long)head * p.out_stride_h;
-  for (int d = lane * 2; d < kHeadDim; d += 64) {
+  for (int d = lane * 2; d < kHeadDimV; d += 64) {
     float2 acc = make_float2(0.f, 0.f);
     for (int s = 0; s < p.num_splits; ++s) {
       const long long row = row0 + s * split_stride;
       const float w = __expf(p.lse_part[row] - base) * inv;
-      const float2 o = *reinterpret_cast<const float2*>(p.o_part + row * kHeadDim + d);
+      const float2 o = *reinterpret_cast<const float2*>(p.o_part + row * kHeadDimV + d);
       acc.x += w * o.x, acc.y += w * o.y;
     }
     *reinterpret_cast<uint32_t*>(dst + d) = Traits::pack2(acc.x, acc.y);

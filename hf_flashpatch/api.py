@@ -7,14 +7,11 @@ takes the fallback with one warning per reason.
 
 v may have a head dim of its own, ``head_dim_v`` (``D_v``; multi-head latent attention: DeepSeek-V3's
 q/k 192, v 128): out then has ``D_v`` columns, lse is unchanged and ``softmax_scale=None`` is
-``1 / sqrt(D)``, D being q/k's. :func:`flash_attn_func` and :func:`flash_attn_varlen_func` serve it on
-the forward/backward kernels by exact zero-padding to one kernel head dim (:mod:`hf_flashpatch.value_head_dim`:
-``P / D`` and ``P / D_v`` times the work), except where a forward kernel takes the pair itself and no
-gradient is needed (inference on Hopper at 192/128: :func:`hf_flashpatch.kernels.heuristics.native_value_head_dim`;
-the backward kernels take one head dim, so a call that needs gradients keeps the padded route). The decode paths (:func:`flash_attn_with_kvcache`,
-:func:`flash_attn_paged_decode`, :func:`flash_attn_slot_varlen_func`, and the decode kernel that
-:func:`flash_attn_func` tries for inference calls) do not pad: padding a whole cache at every call would
-cost more than the attention, so on CUDA such a call takes the torch fallback, with one warning.
+``1 / sqrt(D)``, D being q/k's. Every function serves it on the kernels
+(:mod:`hf_flashpatch.kernels.value_head_dim`): the decode kernels read v's rows at ``D_v`` (192/128 is built;
+other pairs take the fallback with one warning), the forward kernel takes 192/128 itself on Hopper, and the
+rest (the backward, other pairs, other GPUs) runs on exactly zero-padded inputs at ``P / D`` and ``P / D_v``
+times the work of the pair (192/128 pads to 256).
 
 Common keyword arguments:
 
@@ -48,7 +45,6 @@ and lengths) to the tensors passed.
 from __future__ import annotations
 
 import warnings
-from functools import partial
 
 import torch
 
@@ -58,7 +54,6 @@ from .kernels import kernels_unavailable_reason
 from .reference.masks import normalize_window
 from .sinks import add_sinks
 from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_sinks, check_varlen
-from .value_head_dim import padded_attention
 
 _warned: set[str] = set()
 
@@ -99,16 +94,6 @@ def _window_args(window, causal):
     return dict(causal=causal, window_left=left, window_right=right)
 
 
-def _decline_value_head_dim(q, v) -> None:
-    """The decode kernels read q/k and v at one head dim, and padding the cache would cost more than the
-    attention (module docstring): a call whose v has its own head dim takes the fallback."""
-    if v.shape[-1] != q.shape[-1]:
-        raise KernelUnsupported(
-            f"the decode kernels take one head dim for q/k and v, got {q.shape[-1]} and {v.shape[-1]} (padding the "
-            "cache at every call would cost more than the attention)"
-        )
-
-
 def flash_attn_func(
     q, k, v, *, causal=False, softmax_scale=None, window=None, softcap=None, return_lse=False, deterministic=False,
     sinks=None,
@@ -128,8 +113,6 @@ def flash_attn_func(
     def run():
         from .kernels import forward
 
-        if v.shape[-1] != q.shape[-1]:  # no decode kernel try: it would decline (_decline_value_head_dim)
-            return _forward_for(q, k, v)(q, k, v, deterministic=deterministic, **_window_args(window, causal), **common)
         if not _needs_grad(q, k, v) and q.shape[0] > 0:  # the decode launch sizes its split by rows per sequence
             decoded = _try_decode(q, k, v, None, causal, window, common)
             if decoded is not None:
@@ -145,17 +128,6 @@ def flash_attn_func(
 
 def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-
-
-def _forward_for(q, k, v):
-    """The forward kernel op for q ``(..., D)`` and v ``(..., D_v)``: the op itself where a kernel takes the head
-    dims (one for all, or a pair on Hopper with no gradient needed), else the op on zero-padded inputs (exact;
-    module docstring)."""
-    from .kernels import forward
-
-    if v.shape[-1] == q.shape[-1] or (not _needs_grad(q, k, v) and forward.native_value_head_dim_for(q, v)):
-        return forward.attention_forward
-    return partial(padded_attention, forward.attention_forward)
 
 
 def _try_decode(q, k, v, cache_seqlens, causal, window, common):
@@ -200,7 +172,7 @@ def flash_attn_varlen_func(
     def run():
         from .kernels import forward
 
-        return _forward_for(q, k, v)(
+        return forward.attention_forward(
             q, k, v,
             cu_seqlens_q=cu_seqlens_q.int(), cu_seqlens_k=cu_seqlens_k.int(),
             max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k),
@@ -239,8 +211,6 @@ def flash_attn_with_kvcache(
 
     def run():
         from .kernels import decode
-
-        _decline_value_head_dim(q, v_cache)
         return decode.decode_forward(q, k_cache, v_cache, cache_seqlens, **_window_args(window, causal), **common)
 
     res = _kernel_call(q, run)
@@ -274,8 +244,6 @@ def flash_attn_paged_decode(
 
     def run():
         from .kernels import decode
-
-        _decline_value_head_dim(q, v_pages)
         return decode.paged_decode_forward(
             q, k_pages, v_pages, page_table.int(), seqlens_k.int(), **_window_args(window, causal), **common
         )
@@ -296,17 +264,10 @@ def flash_attn_paged_decode(
 
 def attention_op(q, k, v, *, causal, softmax_scale, softcap, window_left, window_right, cu_seqlens_q=None,
                  cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, deterministic=False):  # fmt: skip
-    """The differentiable forward op: ``(out, lse)`` as :func:`flash_attn_func` / :func:`flash_attn_varlen_func`.
-    A v with a head dim of its own runs the op on zero-padded inputs (:mod:`hf_flashpatch.value_head_dim`):
-    the op, and its fake, take one head dim."""
+    """The differentiable forward op: ``(out, lse)`` as :func:`flash_attn_func` / :func:`flash_attn_varlen_func`
+    (a v with a head dim of its own included: the op serves it, :mod:`hf_flashpatch.kernels.value_head_dim`)."""
     from .kernels import forward
 
-    if v.shape[-1] != q.shape[-1]:
-        return padded_attention(
-            attention_op, q, k, v, causal=causal, softmax_scale=softmax_scale, softcap=softcap,
-            window_left=window_left, window_right=window_right, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, deterministic=deterministic,
-        )  # fmt: skip
     return forward.attention_forward(
         q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, causal=causal, softmax_scale=softmax_scale, window_left=window_left,
@@ -316,13 +277,10 @@ def attention_op(q, k, v, *, causal, softmax_scale, softcap, window_left, window
 
 def decode_op(q, k_cache, v_cache, cache_seqlens, key_starts, *, softmax_scale, softcap, window_left, window_right):
     """The decode op over a contiguous cache: ``(out, lse)``; row ``b`` sees keys
-    ``[key_starts[b], cache_seqlens[b])`` (None: 0 and ``S_cache``), its queries the last of them. One head
-    dim for q, k and v (the op's fake gives out q's shape); callers route a v of its own elsewhere."""
+    ``[key_starts[b], cache_seqlens[b])`` (None: 0 and ``S_cache``), its queries the last of them. v may have a
+    head dim of its own: the decode kernels serve 192/128, the op's exact torch path other pairs."""
     from .kernels import decode
 
-    if v_cache.shape[-1] != q.shape[-1]:
-        raise ValueError(f"decode_op takes one head dim for q, k and v, got q {tuple(q.shape)} and v_cache "
-                         f"{tuple(v_cache.shape)}")  # fmt: skip
     return decode.decode_forward(
         q, k_cache, v_cache, cache_seqlens, causal=False, softmax_scale=softmax_scale, window_left=window_left,
         window_right=window_right, softcap=softcap, key_starts=key_starts, torch_fallback=True,
@@ -441,8 +399,6 @@ def flash_attn_slot_varlen_func(
 
     def run():
         from .kernels import decode, forward
-
-        _decline_value_head_dim(q, v_pool)
         try:
             return decode.slot_varlen_forward(
                 q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), **window_args, **common

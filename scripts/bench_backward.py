@@ -14,7 +14,7 @@
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
 4. Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v 128; part ``value_head_dim``): the backward
-   of the public ``flash_attn_func`` (zero-padded to head dim 256 for the kernels, ``hf_flashpatch/value_head_dim.py``;
+   of the public ``flash_attn_func`` (zero-padded to head dim 256 for the kernels, ``hf_flashpatch/kernels/value_head_dim.py``;
    the pads' backward timed too) against torch's SDPA on the same tensors, its own backend choice. TFLOP/s =
    2.5 * 2 * B * H * S^2 * (192 + 128) / time (halved for causal): the work at the native dims.
 

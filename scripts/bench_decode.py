@@ -10,6 +10,11 @@ TB/s = bytes of K and V read (2 * B * L * H_kv * D * 2) / time; each call is tim
 least 3 interleaved passes, and the median is reported (with the spread). The HBM read ceiling (a ``.sum()`` over 4 GB
 of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
 
+Multi-head latent attention part: DeepSeek-V3's decode (128 heads, K/V per head as transformers' cache holds them,
+q/k head dim 192, v 128) at 8x4096, 32x1024 and 1x32768: our decode kernel (which reads v at 128 columns) vs
+SDPA's efficient and cuDNN backends (flash takes one head dim), bytes = B * L * H * (192 + 128) * 2; the ratio
+is vs the faster SDPA backend that ran.
+
 Eager ``generate`` part: new tokens/s of a plain eager dynamic-cache ``generate`` (8 layers, batch 1 and 8,
 256 + 128 tokens), ``sdpa`` vs ours: the host time per attention call shows here.
 
@@ -32,6 +37,8 @@ import torch
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SHAPES = [(64, 4096), (16, 32768), (128, 2048)]
+MLA_HEADS, MLA_DIMS = 128, (192, 128)  # DeepSeek-V3: heads, (q/k head dim, v head dim)
+MLA_SHAPES = [(8, 4096), (32, 1024), (1, 32768)]
 CALLS_PER_GRAPH = 10
 
 
@@ -118,6 +125,60 @@ def _our_forms(batch: int, length: int, generator: torch.Generator, in_order_pag
     return q, k, v, kv_bytes, forms
 
 
+def _time_contenders(contenders: dict, reference: torch.Tensor, kv_bytes: int, batch: int, length: int, replays: int,
+                     rounds: int) -> tuple[dict, dict, dict]:  # fmt: skip
+    """``(median TB/s, max error vs reference, samples)`` per contender; reference ``(B, 1, H, D_v)`` fp32."""
+    error, samples = {}, {}
+    for name, fn in contenders.items():
+        try:
+            result = fn()
+            out = result[0] if name.startswith("ours") else result.transpose(1, 2)
+            error[name] = (out.float() - reference).abs().max().item()  # sanity: same answer as SDPA math
+        except Exception as exc:  # noqa: BLE001 - a peer backend that refuses the shape is reported, not fatal
+            print(f"{name} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
+            error[name] = float("nan")
+    # Interleaved passes (every contender once per pass), median per contender: clock or thermal
+    # drift between passes moves every contender alike instead of favouring whoever ran first.
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            if error[name] == error[name]:  # not NaN: it ran above
+                samples.setdefault(name, []).append(kv_bytes / (_graph_time_us(fn, replays) * 1e-6) / 1e12)
+    row = {name: sorted(samples[name])[len(samples[name]) // 2] if name in samples else float("nan")
+           for name in contenders}  # fmt: skip
+    return row, error, samples
+
+
+def value_head_dim_rows(results: list, quick: bool, rounds: int = 3) -> None:
+    """DeepSeek-V3's decode (module docstring): ours at q/k 192, v 128 vs SDPA's backends that take the pair."""
+    from torch.nn.attention import SDPBackend
+
+    from hf_flashpatch.kernels import decode
+
+    replays = 5 if quick else 20
+    head_dim, head_dim_v = MLA_DIMS
+    common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
+    for batch, length in MLA_SHAPES[:2] if quick else MLA_SHAPES:
+        q = torch.randn(batch, 1, MLA_HEADS, head_dim, device="cuda", dtype=torch.bfloat16)  # (B, 1, H, D)
+        k = torch.randn(batch, MLA_HEADS, length, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(batch, MLA_HEADS, length, head_dim_v, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        kv_bytes = batch * length * MLA_HEADS * (head_dim + head_dim_v) * 2
+        contenders = {
+            "ours mla contiguous": lambda: decode.decode_forward(q, k, v, None, **common),
+            "sdpa efficient mla": _sdpa(SDPBackend.EFFICIENT_ATTENTION, q, k, v),
+            "sdpa cudnn mla": _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
+        }
+        reference = _sdpa(SDPBackend.MATH, q, k, v)().transpose(1, 2).float()  # (B, 1, H, D_v)
+        row, error, samples = _time_contenders(contenders, reference, kv_bytes, batch, length, replays, rounds)
+        best_peer = max((tbs for name, tbs in row.items() if name.startswith("sdpa") and tbs == tbs), default=float("nan"))
+        for name, tbs in row.items():
+            results.append({
+                "name": name, "series": name, "panel": f"decode TB/s (MLA {MLA_HEADS} heads, {head_dim}/{head_dim_v}, "
+                "bf16)", "x": f"{batch}x{length}", "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / best_peer,
+                "max_abs_err_vs_sdpa_math": error[name], "rounds": len(samples.get(name, [])),
+            })  # fmt: skip
+        del q, k, v, contenders
+
+
 def kernel_rows(results: list, quick: bool, rounds: int = 3) -> None:
     from torch.nn.attention import SDPBackend
 
@@ -135,23 +196,7 @@ def kernel_rows(results: list, quick: bool, rounds: int = 3) -> None:
             "ours paged 256": forms["paged 256"],
         }
         reference = _sdpa(SDPBackend.MATH, q, k, v)().transpose(1, 2).float()  # (B, 1, H, D)
-        error, samples = {}, {}
-        for name, fn in contenders.items():
-            try:
-                result = fn()
-                out = result[0] if name.startswith("ours") else result.transpose(1, 2)
-                error[name] = (out.float() - reference).abs().max().item()  # sanity: same answer as SDPA math
-            except Exception as exc:  # noqa: BLE001 - a peer backend that refuses the shape is reported, not fatal
-                print(f"{name} at {batch}x{length}: {type(exc).__name__}: {str(exc)[:200]}")
-                error[name] = float("nan")
-        # Interleaved passes (every contender once per pass), median per contender: clock or thermal
-        # drift between passes moves every contender alike instead of favouring whoever ran first.
-        for _ in range(rounds):
-            for name, fn in contenders.items():
-                if error[name] == error[name]:  # not NaN: it ran above
-                    samples.setdefault(name, []).append(kv_bytes / (_graph_time_us(fn, replays) * 1e-6) / 1e12)
-        row = {name: sorted(samples[name])[len(samples[name]) // 2] if name in samples else float("nan")
-               for name in contenders}  # fmt: skip
+        row, error, samples = _time_contenders(contenders, reference, kv_bytes, batch, length, replays, rounds)
         for name, tbs in row.items():
             results.append({
                 "name": name, "series": name, "panel": "decode TB/s (GQA 32/8, D=128, bf16)", "x": f"{batch}x{length}",
@@ -254,6 +299,7 @@ def eager_generate_rows(results: list, quick: bool) -> None:
 
 def run(results: list, quick: bool = False, rounds: int = 3) -> None:
     kernel_rows(results, quick, rounds=max(rounds, 3))
+    value_head_dim_rows(results, quick, rounds=max(rounds, 3))
     eager_generate_rows(results, quick)
     try:
         generate_rows(results, quick)

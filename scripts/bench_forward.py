@@ -12,7 +12,7 @@ for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of 
 
 Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v head dim 128, :data:`MLA_DIMS`): ours is the
 public ``flash_attn_func`` (no gradient: on Hopper the native 192/128 kernel, elsewhere zero-padding to head
-dim 256, ``hf_flashpatch/value_head_dim.py``, whose copies are timed too), against torch's SDPA on the same tensors with the backend torch picks
+dim 256, ``hf_flashpatch/kernels/value_head_dim.py``, whose copies are timed too), against torch's SDPA on the same tensors with the backend torch picks
 itself (flash takes one head dim only). TFLOP/s = 2 * B * H * S^2 * (192 + 128) / time (halved for causal),
 the work at the native dims.
 """

@@ -103,6 +103,12 @@ def shipped_builds() -> dict:
                 for mask in (False, True):
                     config = forward_config(d, dtype_name, mask, arch, head_dim_v=d_v)
                     builds[f"fwd/{arch}/{dtype_name}/d{d}v{d_v}/mask{int(mask)}"] = config.build(arch)
+            for d, d_v in _decode_value_head_dim_pairs():
+                for softcap in (False, True):
+                    for addressing in ADDRESSINGS:
+                        config = decode_config(d, dtype == torch.bfloat16, addressing, softcap, head_dim_v=d_v)
+                        builds[f"decode/{arch}/{dtype_name}/d{d}v{d_v}/{addressing}/softcap{int(softcap)}"] = (
+                            config.build(arch))  # fmt: skip
         builds[f"kv_append/{arch}"] = KernelBuild("kv_append.cu", (), arch)
     return builds
 
@@ -114,6 +120,15 @@ def _value_head_dim_pairs(arch: str) -> list:
     except ImportError:
         return []
     return [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
+
+
+def _decode_value_head_dim_pairs() -> tuple:
+    """The (q/k, v) head-dim pairs the decode kernels are built for (none in checkouts older than them)."""
+    try:
+        from hf_flashpatch.kernels.decode_config import VALUE_HEAD_DIM_PAIRS
+    except ImportError:
+        return ()
+    return VALUE_HEAD_DIM_PAIRS
 
 
 def _nvcc_version() -> str:

@@ -79,6 +79,12 @@ TINY = dict(
     kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
     pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )  # fmt: skip
+# The same rows at head dims the CUDA kernels take (TINY's 16 is served by the torch fallback only): 64, and
+# for multi-head latent attention DeepSeek-V3's own 192 (128 + 64 rotary) / 128.
+KERNEL_SIZES = dict(
+    hidden_size=256, intermediate_size=256, head_dim=64, rotary_dim=32,
+    kv_lora_rank=64, q_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+)  # fmt: skip
 WINDOW = 6  # sliding windows and attention chunks: shorter than the test sequences, so they matter
 # What a few configs need beyond TINY (most need nothing).
 SPECIAL = {
@@ -190,11 +196,12 @@ def _fields(config_class) -> set[str]:
         return set(inspect.signature(config_class.__init__).parameters)
 
 
-def _tiny_kwargs(config_class, model_type: str | None) -> dict:
+def _tiny_kwargs(config_class, model_type: str | None, sizes: dict | None = None) -> dict:
     fields, names = _fields(config_class), getattr(config_class, "attribute_map", {}) or {}
-    kwargs = {names.get(key, key): value for key, value in TINY.items() if names.get(key, key) in fields}
+    tiny = {**TINY, **(sizes or {})}
+    kwargs = {names.get(key, key): value for key, value in tiny.items() if names.get(key, key) in fields}
     if "kv_lora_rank" in fields:  # multi-head latent attention: as many K/V heads as query heads
-        kwargs["num_key_value_heads"] = TINY["num_attention_heads"]
+        kwargs["num_key_value_heads"] = tiny["num_attention_heads"]
     for field in ("sliding_window", "sliding_window_size", "attention_chunk_size"):
         if field in fields:
             kwargs[field] = WINDOW
@@ -211,9 +218,10 @@ def _tiny_kwargs(config_class, model_type: str | None) -> dict:
     return kwargs
 
 
-def tiny_config(model_type: str):
+def tiny_config(model_type: str, sizes: dict | None = None):
+    """A tiny random config of ``model_type``: :data:`TINY`, with ``sizes`` (e.g. :data:`KERNEL_SIZES`) over it."""
     config_class = CONFIG_MAPPING[model_type]
-    return config_class(**_tiny_kwargs(config_class, model_type))
+    return config_class(**_tiny_kwargs(config_class, model_type, sizes))
 
 
 # -------------------------------------------------------------------------------------------- models
@@ -471,18 +479,17 @@ def test_generate_batch(model_type):
 WHY = {
     unsupported.SINKS: "attention sinks (`s_aux`) of a shape other than one logit per query head; sdpa cannot "
     "take them: the model's own eager attention",
-    unsupported.VALUE_HEAD_DIM: "multi-head latent attention in a decode step on a device with the kernels: the "
-    "decode kernels take one head dim (prefill and training are ours, padded): transformers' sdpa",
+    unsupported.VALUE_HEAD_DIM: "multi-head latent attention in a decode step on a device with the kernels, at a "
+    "q/k, v head-dim pair no decode kernel is built for (192/128 is): transformers' sdpa",
     unsupported.HEAD_DIM: "Q/K head dim above 256 (Gemma 4's global layers: 512): transformers' sdpa for those "
     "layers, our kernels for the rest",
     unsupported.POSITION_BIAS: "an additive relative-position score bias: transformers' sdpa, which adds it",
     unsupported.UNKNOWN_KWARG: "a keyword the kernels do not implement: the model's own eager attention",
     unsupported.MASK_4D: "a 4-D mask built by the model: transformers' sdpa with that mask",
 }
-SERVED_VALUE_HEAD_DIM = ("multi-head latent attention (V's head dim differs from Q/K's): our forward/backward "
-                         "kernels on inputs zero-padded to one kernel head dim (exact), on Hopper at 192/128 a native "
-                         "forward for eager calls without gradients; on a GPU, decode steps over a cache: "
-                         "transformers' sdpa (`value head dim`)")
+SERVED_VALUE_HEAD_DIM = ("multi-head latent attention (V's head dim differs from Q/K's): our kernels, the decode "
+                         "kernels at 192/128 and, on a GPU, transformers' sdpa for decode steps of other pairs "
+                         "(`value head dim`)")
 HEADER = """# Architectures
 
 What `hf_flashpatch.patch(model)` runs for every causal-LM architecture of transformers {version}, one row
@@ -492,11 +499,12 @@ module `tests/test_architectures.py` checks every row against it: a tiny random 
 and `generate_batch`. Its default run covers {representative}; `-m slow` runs every row.
 
 - **our kernels**: every attention call runs on hf_flashpatch's kernels (their torch fallback on CPU).
-  Multi-head latent attention (DeepSeek-V2/V3 and its family: V's head dim differs from Q/K's) runs the
-  forward/backward kernels on inputs zero-padded to one kernel head dim (exact; `hf_flashpatch/value_head_dim.py`),
-  and on Hopper at 192/128 (DeepSeek-V3) a native forward kernel for eager calls without gradients (prefill);
-  on a GPU its decode steps over a cache take transformers' sdpa with one `value head dim` warning (the decode
-  kernels take one head dim), which this CPU-made table lists in the row's "why", not in "what runs".
+  Multi-head latent attention (DeepSeek-V2/V3 and its family: V's head dim differs from Q/K's) runs on the
+  kernels at any pair (`hf_flashpatch/kernels/value_head_dim.py`): on Hopper at 192/128 (DeepSeek-V2/V3) a
+  native forward kernel, elsewhere the forward on inputs zero-padded to one kernel head dim (exact), the
+  backward always padded, and the decode kernels at 192/128 directly; on a GPU the decode steps of other pairs
+  take transformers' sdpa with one `value head dim` warning, which this CPU-made table lists in the row's
+  "why", not in "what runs".
 - **fallback (reason)**: calls our kernels cannot serve go to transformers' own sdpa or eager attention
   (`hf_flashpatch/backend/unsupported.py`), with one warning per reason; never a wrong answer. Where a
   row lists both, some layers run on our kernels and some on the fallback.

@@ -5,7 +5,8 @@ fp32: the same logits, gradients and greedy tokens (cached ``generate`` and ``ge
 Two devices are exercised on this CPU: the CPU itself (the API's torch path serves every call), and a faked
 kernel device (``kernels_unavailable_reason`` answers None; the kernel calls run the ops' torch paths; see
 ``kernel_device`` in ``test_value_head_dim.py``), where prefill and training take the padded forward route and
-each decode step takes transformers' sdpa with one ``value head dim`` warning. Layout of the attention calls:
+each decode step takes transformers' sdpa with one ``value head dim`` warning (48/32: no decode kernel is built
+for it), or asks the decode kernel (DeepSeek-V3's own 192/128). Layout of the attention calls:
 query ``(B, H, S_q, 48)``, key ``(B, H, S_k, 48)``, value ``(B, H, S_k, 32)``.
 """
 
@@ -34,13 +35,15 @@ GREEDY = dict(max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_to
 TOL = dict(atol=2e-5, rtol=1e-4)
 
 
-def deepseek_v3_config(dense_layers=1):
-    """DeepSeek-V3's attention shape, shrunk: 4 heads, q/k 48 (32 without RoPE + 16 with it), v 32; the first
+def deepseek_v3_config(dense_layers=1, dims=(32, 16, 32)):
+    """DeepSeek-V3's attention shape, shrunk: 4 heads, q/k 48 (``dims``: 32 without RoPE + 16 with it), v 32 (a pair
+    no decode kernel is built for; ``dims=(128, 64, 128)`` is DeepSeek-V3's own 192/128); the first
     ``dense_layers`` of the 2 layers have a dense MLP, the rest a mixture of experts."""
+    nope, rope, value = dims
     return DeepseekV3Config(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=16,
-        qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=32, qk_rope_head_dim=rope,
+        qk_nope_head_dim=nope, v_head_dim=value, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1, n_group=1,
         topk_group=1, first_k_dense_replace=dense_layers, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
         eos_token_id=2, attention_dropout=0.0,
     )  # fmt: skip
@@ -114,10 +117,28 @@ def test_on_a_kernel_device_prefill_is_padded_and_decode_steps_fall_back_once(ke
     layers = ours.config.num_hidden_layers
     assert served[unsupported.VALUE_HEAD_DIM] == layers * (NEW_TOKENS - 1)  # each decode step of each layer
     assert served[("flash_attn_varlen_func", 48, 32)] == layers  # the padded prefill, on the padded forward op
-    assert set(kernel_device) == {(64, 64, 64)} and len(kernel_device) == layers
+    assert kernel_device == [("forward", 64, 64, 64)] * layers  # the prefill; decode steps never reach the API
     fallback_warnings = [str(w.message) for w in caught if "cannot serve" in str(w.message)]
     assert len(fallback_warnings) == 1
     assert "(value head dim: value head dim 32, query/key head dim 48, in a decode step" in fallback_warnings[0]
+
+
+def test_on_a_kernel_device_192_128_decode_steps_ask_the_decode_kernel(kernel_device, served):  # noqa: F811
+    """DeepSeek-V3's own 192/128 on the faked kernel device: no fallback; the prefill runs the forward op (padded
+    to 256 off Hopper), each decode step asks the decode kernel at the native dims (faked to decline, so the
+    forward op serves it); the greedy tokens are sdpa's."""
+    ours, ref = twin_deepseek(dims=(128, 64, 128))
+    ids = left_padded()[0][:1]  # one unpadded row: the decode steps take flash_attn_with_kvcache
+    with pytest.MonkeyPatch.context() as patcher, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        patcher.setattr(unsupported, "kernels_unavailable_reason", lambda tensor: None)
+        got = ours.generate(input_ids=ids, **GREEDY)
+    assert torch.equal(got, ref.generate(input_ids=ids, **GREEDY))
+    layers = ours.config.num_hidden_layers
+    assert served[("flash_attn_with_kvcache", 192, 128)] == layers * (NEW_TOKENS - 1)
+    assert not [w for w in caught if "cannot serve" in str(w.message)] and unsupported.VALUE_HEAD_DIM not in served
+    decode_tries = [launch for launch in kernel_device if launch[0] == "decode"]
+    assert decode_tries == [("decode", 192, 192, 128)] * (layers * NEW_TOKENS)  # prefill (9 rows) included
 
 
 @pytest.mark.parametrize("device", ["cpu", "kernel device"])
@@ -137,7 +158,8 @@ def test_training_step_matches_sdpa(device, request):
     for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
         if q.grad is not None:
             torch.testing.assert_close(p.grad, q.grad, atol=2e-5, rtol=2e-4, msg=name)
-    assert calls is None or calls == [(64, 64, 64)] * ours.config.num_hidden_layers
+    layers = ours.config.num_hidden_layers
+    assert calls is None or calls == [("forward", 64, 64, 64)] * layers + [("backward", 64, 64, 64)] * layers
 
 
 def test_compiled_training_step_matches_sdpa():

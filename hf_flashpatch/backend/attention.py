@@ -5,8 +5,9 @@ query ``(B, H, S_q, D)``, key ``(B, H_kv, S_k, D)`` and value ``(B, H_kv, S_k, D
 concatenated; ``D_v`` differs from ``D`` in multi-head latent attention, DeepSeek-V2/V3). We hand
 ``.transpose(1, 2)`` views, i.e. the project layout ``(batch, seqlen, heads, head_dim)``, to the public API
 (no copies: the kernels take strides) and return ``(out (B, S_q, H, D_v) contiguous, None)``. A ``D_v != D``
-call runs where any other would (the API pads it for the kernels, exactly), except an eager decode step on
-a device with the kernels, which takes transformers' sdpa (:mod:`.unsupported`, reason ``value head dim``).
+call runs where any other would (:mod:`hf_flashpatch.kernels.value_head_dim`), except an eager decode step on
+a device with the kernels in a pair no decode kernel is built for (192/128 is), which takes transformers' sdpa
+(:mod:`.unsupported`, reason ``value head dim``).
 
 The mask arrives from :func:`transformers.masking_utils.flash_attention_mask` (see :mod:`.masks`): ``None``
 for plain causal attention, else a 2-D ``(B, S_mask)`` bool key-padding mask (True = real token). Which

@@ -21,11 +21,8 @@ What runs (the mask comes from :func:`.masks.key_padding_mask`, which under comp
   is real" picks the batched kernel or :func:`masked_attention`, the exact dense torch computation of
   the eager path's unpadding semantics, so a compiled model gives the same answer as an eager one.
 
-A v with a head dim of its own (``D_v != D``, multi-head latent attention) takes the same routes: the
-forward op runs on zero-padded inputs (:func:`hf_flashpatch.api.attention_op`, exact), and out has ``D_v``
-columns. Only the decode op does not take it (one head dim; padding the cache per step would cost more than
-the attention): those few-query steps run :func:`masked_attention` instead, exact and dense over their
-``S_q <= DECODE_MAX_QUERIES`` rows.
+A v with a head dim of its own (``D_v != D``, multi-head latent attention) takes the same routes, and out has
+``D_v`` columns: the ops serve every pair (:mod:`hf_flashpatch.kernels.value_head_dim`).
 """
 
 from __future__ import annotations
@@ -130,8 +127,6 @@ def _kernel(q, k, v, attn, differentiable: bool) -> torch.Tensor:
     left, right = normalize_window(attn["window"], attn["causal"])
     common = dict(softmax_scale=attn["softmax_scale"], softcap=attn["softcap"], window_left=left, window_right=right)
     if not differentiable and q.shape[1] <= DECODE_MAX_QUERIES and k.shape[1] > 1:
-        if v.shape[-1] != q.shape[-1]:  # the decode op takes one head dim (module docstring)
-            return masked_attention(q, k, v, torch.ones(k.shape[:2], dtype=torch.bool, device=k.device), **attn)
         return _with_sinks(api.decode_op(q, k, v, None, None, **common), attn)[0]
     return _with_sinks(api.attention_op(q, k, v, causal=attn["causal"], **common), attn)[0]
 
@@ -171,8 +166,6 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
         return _kernel(q, k, v, attn, differentiable)
     key_mask = attention_mask.to(torch.bool)  # (B, S_k)
     if not differentiable and seqlen_q <= DECODE_MAX_QUERIES:
-        if v.shape[-1] != q.shape[-1]:  # the decode op takes one head dim (module docstring)
-            return masked_attention(q, k, v, key_mask, **attn)
         starts, ends = _key_range(key_mask)
         left, right = normalize_window(attn["window"], attn["causal"])
         out, _ = _with_sinks(api.decode_op(

@@ -15,13 +15,13 @@ which warns once per reason and runs what the model would run under ``attn_imple
 - ``position bias``: an additive ``(B, H, S_q, S_k)`` score bias (Inkling). -> sdpa, which adds it.
 - ``head dim``: a Q/K (or V) head dim above the kernels' limit (Gemma 4's 512-wide global layers). -> sdpa.
 - ``value head dim``: an eager decode step (at most ``DECODE_MAX_QUERIES`` new tokens over a longer cache,
-  no gradients) whose V head dim differs from Q/K's (multi-head latent attention: DeepSeek-V2/V3,
-  GLM-4-MoE-Lite, MiniCPM3), on a device where the kernels run. -> sdpa, which takes any V head dim.
-  Everything else such a model runs (prefill, training, chunked prefill) is served on the kernels by exact
-  zero-padding (:mod:`hf_flashpatch.value_head_dim`); a decode step is not, because padding the whole cache
-  at every step would cost more than the attention, and the decode kernels take one head dim. On CPU the
-  API's torch path serves it directly, and under ``torch.compile`` :mod:`.traced` runs its exact dense
-  path, so neither comes here.
+  no gradients) whose V head dim differs from Q/K's in a pair no decode kernel is built for, on a device
+  where the kernels run. -> sdpa, which takes any V head dim. The decode kernels take q/k 192 with v 128
+  (DeepSeek-V2/V3's multi-head latent attention; ``DecodeConfig.served``); everything else such a model
+  runs (prefill, training, chunked prefill) is served on the kernels for any pair
+  (:mod:`hf_flashpatch.kernels.value_head_dim`); a decode step of another pair is not, because padding the
+  whole cache at every step would cost more than the attention. On CPU the API's torch path serves it
+  directly, and under ``torch.compile`` :mod:`.traced` runs its exact dense path, so neither comes here.
 - ``4-D mask``: a mask the caller or the model built itself; ours is ``None`` or 2-D. -> sdpa, as is.
 
 sdpa cannot apply a softcap or sinks, so those always go to eager; dropout passes through. Both take the
@@ -43,6 +43,7 @@ import warnings
 import torch
 
 from ..kernels import kernels_unavailable_reason
+from ..kernels.decode_config import DecodeConfig
 from ..validate import MAX_HEAD_DIM
 from .traced import DECODE_MAX_QUERIES
 
@@ -119,7 +120,8 @@ def fallback_reason(query, key, value, attention_mask, kwargs: dict) -> str | No
         return POSITION_BIAS
     if max(query.shape[-1], value.shape[-1]) > MAX_HEAD_DIM:
         return HEAD_DIM
-    if value.shape[-1] != query.shape[-1] and decode_step_on_kernels(query, key, value):
+    own_value_dim = value.shape[-1] != query.shape[-1] and not DecodeConfig.served(query.shape[-1], value.shape[-1])
+    if own_value_dim and decode_step_on_kernels(query, key, value):
         return VALUE_HEAD_DIM
     if attention_mask is not None and attention_mask.dim() == 4:
         return MASK_4D
@@ -148,7 +150,7 @@ def _detail(reason: str, query, value, attention_mask, kwargs) -> str:
         return f"position_bias of shape {tuple(kwargs['position_bias'].shape)}"
     if reason == VALUE_HEAD_DIM:
         return (f"value head dim {value.shape[-1]}, query/key head dim {query.shape[-1]}, in a decode step: the "
-                "decode kernels take one head dim")  # fmt: skip
+                "decode kernels take q/k and v of one head dim, or 192 and 128")  # fmt: skip
     if reason == HEAD_DIM:
         return f"got {query.shape[-1]} (value {value.shape[-1]}), the kernels take up to {MAX_HEAD_DIM}"
     if reason == MASK_4D:

@@ -4,6 +4,8 @@ and the autograd of ``hf_flashpatch::attention_forward`` built on it.
 Layout: q/out/dout ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, lse ``(B, H, S_q)`` fp32 natural log;
 varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, lse ``(H, T_q)``, ``cu_seqlens`` int32 ``(N + 1,)``.
 Any strides with a contiguous last dim (16-byte aligned rows; anything else is copied first).
+v/out/dout may have a head dim of their own, ``D_v`` (multi-head latent attention): the kernels then run on
+exactly zero-padded inputs (:func:`.value_head_dim.padded_gradients`).
 Returns dq in q's shape and dtype, dk/dv in k/v's (contiguous). Query head ``h`` reads KV head
 ``h // (H // H_kv)``; dk/dv sum over the group inside the kernel (no ``repeat_kv`` copy).
 
@@ -44,6 +46,7 @@ from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import backward_tiles
+from .value_head_dim import padded_gradients, padded_head_dim
 
 _ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
 
@@ -142,14 +145,16 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float,
                     deterministic: bool = False) -> BackwardConfig:  # fmt: skip
-    """The config that serves this call, or :class:`KernelUnsupported` saying why none does."""
+    """The config that serves this call, or :class:`KernelUnsupported` saying why none does. Where v's head dim
+    differs from q's, the config is the one of the padded head dim (:func:`.value_head_dim.padded_head_dim`)."""
     reason = kernels_unavailable_reason(q)
     if reason is not None:
         raise KernelUnsupported(reason)
-    if v.shape[-1] != q.shape[-1]:
-        raise KernelUnsupported(f"backward kernel needs v's head_dim == q's, got {tuple(v.shape)} and {tuple(q.shape)}")
+    if k.shape[-1] != q.shape[-1]:
+        raise KernelUnsupported(f"backward kernel needs k's head_dim == q's, got {tuple(k.shape)} and {tuple(q.shape)}")
+    head_dim = q.shape[-1] if v.shape[-1] == q.shape[-1] else padded_head_dim(q.shape[-1], v.shape[-1])
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
-    return BackwardConfig.choose(q.shape[-1], q.dtype, bool(softcap), arch, bool(deterministic))
+    return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic))
 
 
 
@@ -259,8 +264,12 @@ def _backward_impl(
     """The op body: the kernel when it serves the call, else :func:`torch_backward` (warns once)."""
     try:
         cfg = check_supported(q, k, v, softcap, deterministic)
-        return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
+
+        def run(dout, q, k, v, out):
+            return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
+
+        return run(dout, q, k, v, out) if v.shape[-1] == q.shape[-1] else padded_gradients(run, dout, q, k, v, out)
     except KernelUnsupported as exc:
         if q.is_cuda:
             _warn_once(str(exc))
@@ -303,8 +312,10 @@ def attention_backward(
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
     elif max_seqlen_q is None or max_seqlen_k is None:
         raise ValueError("varlen backward needs max_seqlen_q and max_seqlen_k")
-    if dout.shape != q.shape or out.shape != q.shape:
-        raise ValueError(f"dout and out must match q {tuple(q.shape)}, got {tuple(dout.shape)} and {tuple(out.shape)}")
+    out_shape = (*q.shape[:-1], v.shape[-1])  # (..., H, D_v)
+    if tuple(dout.shape) != out_shape or tuple(out.shape) != out_shape:
+        raise ValueError(f"dout and out must be {out_shape} (q's with v's head dim), got {tuple(dout.shape)} and "
+                         f"{tuple(out.shape)}")  # fmt: skip
     check_supported(q, k, v, softcap, deterministic)
     scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     left, right = fold_window(causal, window_left, window_right)

@@ -1,7 +1,8 @@
 """Split-KV decode over a contiguous, paged (block table) or slot-indexed KV cache (``cuda/decode.cu``).
 
 Layout: q ``(B, S_q, H, D)`` (few query tokens: 1 for decoding, a handful for speculative decoding),
-caches as described on each function; ``out (B, S_q, H, D)`` in q's dtype, ``lse (B, H, S_q)`` fp32
+caches as described on each function (K rows of ``D``; V rows of ``D``, or of a ``D_v`` of their own where a
+build takes the pair: 192/128, multi-head latent attention); ``out (B, S_q, H, D_v)`` in q's dtype, ``lse (B, H, S_q)`` fp32
 (natural log, ``-inf`` and zero output for rows that see no key). Causal is bottom-right aligned.
 
 One CUDA kernel template serves all three cache forms (the K/V row addressing is a compile-time
@@ -14,7 +15,7 @@ the function behind the op directly (:func:`hf_flashpatch.kernels.call_op`). The
 and grid of a call come from :func:`decode_plan`, made once per shape (per generation step).
 
 Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims other than
-32/64/96/128/256 (64 and 128 are the tuned ones), more than 64 query rows per KV head
+32/64/96/128/256 (64 and 128 are the tuned ones) and q/k 192 with v 128, more than 64 query rows per KV head
 (``S_q * group``: the forward kernel is the better tool), a last dim that is not contiguous or rows
 that are not 16-byte aligned (the caches are never copied).
 """
@@ -38,6 +39,7 @@ from .decode_config import (  # noqa: F401 - re-exported: the decode module is w
     ROWS_PER_CTA,
     SUPPORTED_HEAD_DIMS,
     TILE_KEYS,
+    VALUE_HEAD_DIM_PAIRS,
     WARPS,
     DecodeConfig,
     all_builds,
@@ -61,9 +63,10 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelUnsupported(f"decode kernel needs one dtype for q/k/v, got {q.dtype}, {k.dtype}, {v.dtype}")
     head_dim = q.shape[-1]
-    if head_dim not in SUPPORTED_HEAD_DIMS or k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+    if k.shape[-1] != head_dim or not DecodeConfig.served(head_dim, v.shape[-1]):
         raise KernelUnsupported(
-            f"decode kernel serves head dims {SUPPORTED_HEAD_DIMS}, got q {tuple(q.shape)}, k {tuple(k.shape)}"
+            f"decode kernel serves head dims {SUPPORTED_HEAD_DIMS} (v's the same) and q/k, v pairs "
+            f"{VALUE_HEAD_DIM_PAIRS}, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     group = heads // kv_heads
     if seqlen_q * group > MAX_ROWS_PER_KV_HEAD:
@@ -108,7 +111,8 @@ class DecodePlan(NamedTuple):
 
 @functools.lru_cache(maxsize=64)
 def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch: int, seqlen_q: int, total_q: int,
-                kv_heads: int, group: int, typical_keys: int, device_index: int) -> DecodePlan:  # fmt: skip
+                kv_heads: int, group: int, typical_keys: int, device_index: int,
+                head_dim_v: int | None = None) -> DecodePlan:  # fmt: skip
     """The launch plan for these shapes, made once and reused (FlashInfer's plan/run split).
 
     The key is shapes only, since the kernels read lengths, page tables and slots from device memory:
@@ -117,7 +121,7 @@ def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch
     part of the plan: the per-split partials come from torch's caching allocator per call, which keeps
     them stream-ordered across threads and valid inside CUDA-graph captures."""
     device = torch.device("cuda", device_index)
-    config = DecodeConfig(head_dim, bf16, addressing, softcap)
+    config = DecodeConfig(head_dim, bf16, addressing, softcap, head_dim_v=head_dim_v)
     build = config.build(device_arch(device))
     split_kernel = get_kernel(build, "hfp_decode_split", device)
     # Row tiles in the grid: enough for every row of a batched call; for packed q (where seqlen_q is
@@ -137,14 +141,14 @@ def _launch(
     softmax_scale, softcap, window_left, window_right, key_starts=None,
 ):  # fmt: skip
     """Launch the split kernel (and the combine kernel when splitting) on torch's current stream."""
-    head_dim = q.shape[-1]
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     plan = decode_plan(addressing, head_dim, q.dtype == torch.bfloat16, bool(softcap), batch, seqlen_q, total_q,
-                       kv_heads, heads // kv_heads, typical_keys, q.device.index or 0)  # fmt: skip
+                       kv_heads, heads // kv_heads, typical_keys, q.device.index or 0, head_dim_v)  # fmt: skip
     num_splits = plan.num_splits
     o_part = lse_part = None
     if num_splits > 1:
-        # (split, flat token, H, D) and (split, flat token, H)
-        o_part = torch.empty(num_splits, total_q, heads, head_dim, device=q.device, dtype=torch.float32)
+        # (split, flat token, H, D_v) and (split, flat token, H)
+        o_part = torch.empty(num_splits, total_q, heads, head_dim_v, device=q.device, dtype=torch.float32)
         lse_part = torch.empty(num_splits, total_q, heads, device=q.device, dtype=torch.float32)
     scales = _scales(head_dim, softmax_scale, softcap)
     args = (
@@ -197,7 +201,7 @@ def _decode_launch(q, k_cache, v_cache, cache_seqlens, key_starts, softmax_scale
     batch, seqlen_q, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     q = _aligned_q(q)
-    out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
+    out = q.new_empty(batch, seqlen_q, heads, v_cache.shape[-1])  # (B, S_q, H, D_v)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
     _launch(
         addressing="contiguous", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q, total_q=batch * seqlen_q,
@@ -213,12 +217,10 @@ def _decode_launch(q, k_cache, v_cache, cache_seqlens, key_starts, softmax_scale
 _decode_op = torch.library.custom_op("hf_flashpatch::decode", mutates_args=())(_decode_impl)
 
 
-def _fake_batched(q: torch.Tensor, *_args) -> tuple[torch.Tensor, torch.Tensor]:
-    """Shapes of a batched decode: out ``(B, S_q, H, D)`` contiguous, lse ``(B, H, S_q)`` fp32."""
+def _fake_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_args) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shapes of a batched decode: out ``(B, S_q, H, D_v)`` contiguous, lse ``(B, H, S_q)`` fp32."""
     batch, seqlen_q, heads, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
-        batch, heads, seqlen_q, dtype=torch.float32
-    )
+    return q.new_empty(batch, seqlen_q, heads, v.shape[-1]), q.new_empty(batch, heads, seqlen_q, dtype=torch.float32)
 
 
 _decode_op.register_fake(_fake_batched)
@@ -230,7 +232,7 @@ def _paged_decode_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     batch, seqlen_q, heads, head_dim = q.shape
     page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
-    out = torch.empty(batch, seqlen_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (B, S_q, H, D)
+    out = q.new_empty(batch, seqlen_q, heads, v_pages.shape[-1])  # (B, S_q, H, D_v)
     lse = torch.empty(batch, heads, seqlen_q, device=q.device, dtype=torch.float32)  # (B, H, S_q)
     _launch(
         addressing="block_table", q=q, q_strides=q.stride()[:3], cu_q=None, seqlen_q=seqlen_q, total_q=batch * seqlen_q,
@@ -255,11 +257,11 @@ def _slot_decode_impl(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Packed form: q ``(T_q, H, D)``; sequence b owns q rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``
     (at most ``max_seqlen_q``) and keys ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Rows outside
-    every sequence get zeros / ``-inf``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
-    total_q, heads, head_dim = q.shape
+    every sequence get zeros / ``-inf``. Returns ``out (T_q, H, D_v)``, ``lse (H, T_q)``."""
+    total_q, heads, _ = q.shape
     kv_heads = k_pool.shape[1]
     batch = cu_seqlens_k.shape[0] - 1
-    out = torch.zeros(total_q, heads, head_dim, device=q.device, dtype=q.dtype)  # (T_q, H, D)
+    out = q.new_zeros(total_q, heads, v_pool.shape[-1])  # (T_q, H, D_v)
     lse = torch.full((heads, total_q), float("-inf"), device=q.device, dtype=torch.float32)  # (H, T_q)
     if total_q == 0 or batch == 0:
         return out, lse
@@ -284,16 +286,14 @@ _slot_decode_op = torch.library.custom_op("hf_flashpatch::slot_decode", mutates_
 def _(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, window_left, window_right,
       softcap):  # fmt: skip
     total_q, heads, _ = q.shape
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(
-        heads, total_q, dtype=torch.float32
-    )
+    return q.new_empty(total_q, heads, v_pool.shape[-1]), q.new_empty(heads, total_q, dtype=torch.float32)
 
 
 def _kv_append_impl(
     k_new: torch.Tensor, v_new: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor
 ) -> None:
-    """``k_pool[slots[t]] = k_new[t]`` (and V): new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)``,
-    slots int64 ``(T,)``, negative = skip."""
+    """``k_pool[slots[t]] = k_new[t]`` (and V): new ``(T, H_kv, D)`` (V: ``D_v``), pools ``(num_slots, H_kv, D)``
+    (V: ``D_v``), slots int64 ``(T,)``, negative = skip."""
     num_tokens, kv_heads, head_dim = k_new.shape
     if num_tokens == 0:
         return
@@ -301,14 +301,14 @@ def _kv_append_impl(
         KernelBuild("kv_append.cu", (), device_arch(k_new.device)), "hfp_kv_append", k_new.device
     )
     chunk = 8  # elements per 16-byte chunk (2-byte dtypes)
-    row_chunks = head_dim // chunk
-    total = num_tokens * kv_heads * row_chunks
+    row_chunks, v_row_chunks = head_dim // chunk, v_new.shape[-1] // chunk
+    total = num_tokens * kv_heads * max(row_chunks, v_row_chunks)
     blocks = max(1, min(-(-total // 256), 4 * _sm_count(k_new.device.index or 0)))
     kernel(
         (blocks, 1, 1), (256, 1, 1),
         k_new, v_new, k_new.stride(0) // chunk, k_new.stride(1) // chunk, v_new.stride(0) // chunk,
         v_new.stride(1) // chunk, k_pool, v_pool, k_pool.stride(0) // chunk, k_pool.stride(1) // chunk,
-        v_pool.stride(0) // chunk, v_pool.stride(1) // chunk, slots, num_tokens, kv_heads, row_chunks,
+        v_pool.stride(0) // chunk, v_pool.stride(1) // chunk, slots, num_tokens, kv_heads, row_chunks, v_row_chunks,
         min(k_pool.shape[0], v_pool.shape[0]), tensors=(k_new, v_new, k_pool, v_pool, slots),
     )  # fmt: skip
 
@@ -333,7 +333,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
     read in place); ``cache_seqlens`` int32 ``(B,)`` or None (= S_cache); ``key_starts`` int32 ``(B,)``
     or None (= 0): row ``b`` sees keys ``[key_starts[b], cache_seqlens[b])`` (left padding), and its
     queries are the last tokens of that range. ``causal`` means ``window_right = 0`` (bottom-right
-    aligned). Returns ``out (B, S_q, H, D)``, ``lse (B, H, S_q)``.
+    aligned). v may have rows of ``D_v`` (module docstring). Returns ``out (B, S_q, H, D_v)``, ``lse (B, H, S_q)``.
 
     Raises :class:`KernelUnsupported` up front for calls the kernel does not serve; with
     ``torch_fallback=True`` the op serves them with its torch path (a run-time choice inside the op, so
@@ -359,7 +359,7 @@ def decode_forward(q, k_cache, v_cache, cache_seqlens, *, causal, softmax_scale,
 def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, softmax_scale, window_left,
                          window_right, softcap):  # fmt: skip
     """Block-table pool. q ``(B, S_q, H, D)``; pools ``(num_pages, page_size, H_kv, D)`` (any page
-    size); ``page_table`` int32 ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``."""
+    size; V: ``D_v``); ``page_table`` int32 ``(B, max_pages)``; ``seqlens_k`` int32 ``(B,)``."""
     window_left, window_right = fold_window(causal, window_left, window_right)
     batch, seqlen_q, heads, _ = q.shape
     _check_common(q, k_pages, v_pages, heads, k_pages.shape[2], seqlen_q)
@@ -376,7 +376,7 @@ def paged_decode_forward(q, k_pages, v_pages, page_table, seqlens_k, *, causal, 
 
 def slot_decode_forward(q, k_pool, v_pool, slots, cu_seqlens_k, *, causal, softmax_scale, window_left, window_right,
                         softcap):  # fmt: skip
-    """Slot pool. q ``(B, S_q, H, D)``; pools ``(num_slots, H_kv, D)``; ``slots`` int32/int64
+    """Slot pool. q ``(B, S_q, H, D)``; pools ``(num_slots, H_kv, D)`` (V: ``D_v``); ``slots`` int32/int64
     ``(total_k,)`` (physical slot of each logical token); ``cu_seqlens_k (B + 1,)``."""
     batch, seqlen_q, heads, head_dim = q.shape
     cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, device=q.device, dtype=torch.int32)
@@ -385,15 +385,15 @@ def slot_decode_forward(q, k_pool, v_pool, slots, cu_seqlens_k, *, causal, softm
         causal=causal, softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
         softcap=softcap,
     )  # fmt: skip
-    # (T_q, H, D) -> (B, S_q, H, D); lse (H, T_q) -> (B, H, S_q)
-    return out.view(batch, seqlen_q, heads, head_dim), lse.view(heads, batch, seqlen_q).transpose(0, 1).contiguous()
+    # (T_q, H, D_v) -> (B, S_q, H, D_v); lse (H, T_q) -> (B, H, S_q)
+    return out.view(batch, seqlen_q, heads, v_pool.shape[-1]), lse.view(heads, batch, seqlen_q).transpose(0, 1).contiguous()
 
 
 def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal, softmax_scale,
                         window_left, window_right, softcap):  # fmt: skip
     """Packed slot form (continuous batching): q ``(T_q, H, D)``, sequence b owns q rows
     ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` (``<= max_seqlen_q``, a host int) and keys
-    ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D)``, ``lse (H, T_q)``."""
+    ``slots[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``. Returns ``out (T_q, H, D_v)``, ``lse (H, T_q)``."""
     window_left, window_right = fold_window(causal, window_left, window_right)
     heads = q.shape[1]
     num_seqs = max(1, cu_seqlens_k.shape[0] - 1)
@@ -414,7 +414,7 @@ def slot_varlen_forward(q, k_pool, v_pool, slots, cu_seqlens_q, cu_seqlens_k, ma
 def kv_append(k_new, v_new, k_pool, v_pool, slots) -> None:
     """Write new rows into a pool in place: ``k_pool[slots[t]] = k_new[t]`` (and V).
 
-    new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)`` (a block pool ``(pages, page_size, H_kv, D)``
+    new ``(T, H_kv, D)``, pools ``(num_slots, H_kv, D)`` (V: new and pool ``D_v``; a block pool ``(pages, page_size, H_kv, D)``
     flattened), slots int ``(T,)`` (negative: skip). Same dtype; rows 16-byte aligned."""
     if k_new.dtype not in (torch.float16, torch.bfloat16) or k_pool.dtype != k_new.dtype:
         raise KernelUnsupported(f"kv_append needs fp16/bf16 of one dtype, got {k_new.dtype} into {k_pool.dtype}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from .build import KernelBuild
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+# (q/k head dim, v head dim) pairs built besides the equal ones: multi-head latent attention (DeepSeek-V2/V3).
+VALUE_HEAD_DIM_PAIRS = ((192, 128),)
 MAX_ROWS_PER_KV_HEAD = 64  # S_q * group above this goes to the forward kernel
 ROWS_PER_CTA = 16  # one mma M tile (cuda/decode.cu kRows)
 WARPS = 4
@@ -28,15 +30,32 @@ class DecodeConfig:
     (whole-row copies, table entries one tile ahead, page-addressed tiles for block tables) is fixed in
     ``cuda/decode.cu``."""
 
-    head_dim: int
+    head_dim: int  # q / k
     bf16: bool
     addressing: str  # "contiguous" | "block_table" | "slot"
     softcap: bool
     stages: int = 3  # cp.async pipeline depth per warp
+    head_dim_v: int | None = None  # v / out where it differs (VALUE_HEAD_DIM_PAIRS); None: head_dim
+
+    def __post_init__(self):
+        if self.head_dim_v == self.head_dim:  # one spelling per build: the cache key
+            object.__setattr__(self, "head_dim_v", None)
+        pair_ok = self.head_dim_v is None or (self.head_dim, self.head_dim_v) in VALUE_HEAD_DIM_PAIRS
+        if (self.head_dim_v is None and self.head_dim not in SUPPORTED_HEAD_DIMS) or not pair_ok:
+            raise ValueError(f"no decode build for head dims {self.head_dim} / {self.head_dim_v or self.head_dim}")
+
+    @staticmethod
+    def served(head_dim: int, head_dim_v: int) -> bool:
+        """Whether a decode build takes q/k rows of ``head_dim`` with v rows of ``head_dim_v``."""
+        if head_dim_v == head_dim:
+            return head_dim in SUPPORTED_HEAD_DIMS
+        return (head_dim, head_dim_v) in VALUE_HEAD_DIM_PAIRS
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
+        value = (("HEAD_DIM_V", str(self.head_dim_v)),) if self.head_dim_v is not None else ()
         defines = (
             ("HEAD_DIM", str(self.head_dim)),
+            *value,
             ("ELEM_BF16", str(int(self.bf16))),
             ("KV_ADDRESSING", str(ADDRESSING[self.addressing])),
             ("SOFTCAP", str(int(self.softcap))),
@@ -47,9 +66,10 @@ class DecodeConfig:
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every decode build the launchers can request (for the CI compile check), plus kv_append."""
+    dims = [(d, None) for d in SUPPORTED_HEAD_DIMS] + list(VALUE_HEAD_DIM_PAIRS)
     builds = [
-        DecodeConfig(d, bf16, addressing, softcap).build(arch)
-        for d in SUPPORTED_HEAD_DIMS
+        DecodeConfig(d, bf16, addressing, softcap, head_dim_v=d_v).build(arch)
+        for d, d_v in dims
         for bf16 in (True, False)
         for addressing in ADDRESSING
         for softcap in (False, True)

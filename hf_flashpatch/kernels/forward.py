@@ -11,9 +11,10 @@ Layouts (flash-attn's):
 - varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, ``cu_seqlens_q/k`` int32 ``(N + 1,)``; returns
   ``out (T_q, H, D)`` and ``lse (H, T_q)``. ``max_seqlen_q`` sizes the grid and must be at least the
   longest query sequence (it is not checked: that would need a device-to-host copy);
-- v may have a head dim of its own, ``D_v``, where a kernel takes that pair (on Hopper: q/k 192 with v 128,
-  multi-head latent attention; :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`): out then
-  has ``D_v`` columns. Other pairs are refused here; the public API pads them (``value_head_dim.py``).
+- v may have a head dim of its own, ``D_v`` (multi-head latent attention): out then has ``D_v`` columns. A
+  kernel takes the pair itself where one does (on Hopper: q/k 192 with v 128,
+  :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`), else the op runs the kernel on exactly
+  zero-padded inputs (:mod:`.value_head_dim`); the backward always pads.
 
 ``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
 no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`
@@ -22,7 +23,7 @@ packed into the rows of one query tile, so each K/V tile is loaded once per grou
 
 What the kernel does not serve raises :class:`~hf_flashpatch.errors.KernelUnsupported` (the public
 API then takes the torch fallback): dtypes other than fp16/bf16, head dims outside
-{32, 64, 96, 128, 256} (or a v head dim no kernel takes with q's), mismatched q/k/v dtypes or devices. Inputs whose strides or base address
+{32, 64, 96, 128, 256} (or a q/k, v pair that no kernel head dim holds), mismatched q/k/v dtypes or devices. Inputs whose strides or base address
 are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path).
 The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
 """
@@ -38,6 +39,7 @@ from . import forward_torch
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, native_value_head_dim
+from .value_head_dim import kernel_head_dims, padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -176,13 +178,16 @@ def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise KernelUnsupported(f"the forward kernel takes float16/bfloat16, got {q.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelUnsupported(f"the forward kernel needs one dtype for q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
-    own_value_dim = (q.shape[-1], v.shape[-1]) in HOPPER_VALUE_HEAD_DIM_SHAPES  # the arch is checked at launch
-    if k.shape[-1] != q.shape[-1] or not (q.shape[-1] in SUPPORTED_HEAD_DIMS and v.shape[-1] == q.shape[-1]
-                                          or own_value_dim):  # fmt: skip
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
+    if head_dim_v == head_dim:
+        served = head_dim in SUPPORTED_HEAD_DIMS
+    else:  # a native pair (the arch is checked at launch), or zero-padded to a kernel head dim
+        served = (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES or padded_head_dim(
+            head_dim, head_dim_v) in kernel_head_dims()  # fmt: skip
+    if k.shape[-1] != head_dim or not served:
         raise KernelUnsupported(
-            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS} (v's the same, or q/k and v "
-            f"{' or '.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))} on Hopper), got q {tuple(q.shape)}, "
-            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS} (v's may differ where both fit in one "
+            f"of {kernel_head_dims()}), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.is_cuda and k.device == q.device and v.device == q.device):
         raise KernelUnsupported(f"the forward kernel needs q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
@@ -289,6 +294,14 @@ def _attention_forward_impl(
         unavailable = kernels_unavailable_reason(q)
         if unavailable is not None:
             raise KernelUnsupported(unavailable)
+        if v.shape[-1] != q.shape[-1] and not native_value_head_dim_for(q, v):
+            _check_supported(q, k, v)  # before padding anything
+
+            def launch_padded(q_p, k_p, v_p, softmax_scale):  # (..., P) each
+                return _launch(q_p, k_p, v_p, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                               causal, window_left, window_right, softcap)  # fmt: skip
+
+            return padded_attention(launch_padded, q, k, v, softmax_scale=softmax_scale)
         return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                        window_left, window_right, softcap)  # fmt: skip
     except KernelUnsupported as exc:

@@ -7,8 +7,7 @@ that the kernels decline (fp32, an unsupported head dim, no nvcc). The backward 
 
 Layout: q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)`` -> out ``(B, S_q, H, D_v)``
 in q's dtype, lse ``(B, H, S_q)`` fp32; varlen q ``(T_q, H, D)`` with int32 ``cu_seqlens`` -> out
-``(T_q, H, D_v)``, lse ``(H, T_q)``. (The custom ops give these functions equal head dims only: their fake
-implementations return q's shape; :mod:`hf_flashpatch.value_head_dim` pads a ``D_v != D`` call first.)
+``(T_q, H, D_v)``, lse ``(H, T_q)``.
 Row ``b`` sees keys ``[key_start[b], key_end[b])`` (defaults ``0`` and ``S_k``); queries are the last tokens
 of that range (bottom-right alignment), and ``left``/``right`` are the window (``-1`` unbounded, causal
 already folded into ``right = 0``). Rows that see no key give 0 and

@@ -60,7 +60,7 @@ HOPPER_SHAPES: dict[int, TileShape | tuple[TileShape, TileShape]] = {64: (_WGMMA
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
 # 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
-# 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/value_head_dim.py).
+# 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/kernels/value_head_dim.py).
 HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
     (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True),
 }
@@ -199,8 +199,8 @@ def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministi
     return BackwardConfig.choose(head_dim, dtype, softcap, arch, deterministic)
 
 
-def decode_config(head_dim: int, bf16: bool, addressing: str, softcap: bool):
-    """The ``DecodeConfig`` the decode launches for a problem."""
+def decode_config(head_dim: int, bf16: bool, addressing: str, softcap: bool, head_dim_v: int | None = None):
+    """The ``DecodeConfig`` the decode launches for a problem (``head_dim_v``: v's, where it differs)."""
     from .decode_config import DecodeConfig
 
-    return DecodeConfig(head_dim, bf16, addressing, softcap)
+    return DecodeConfig(head_dim, bf16, addressing, softcap, head_dim_v=head_dim_v)

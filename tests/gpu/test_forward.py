@@ -39,7 +39,7 @@ def forward_variant(request, monkeypatch):
     if body == "mma":
         if arch != "sm_90a" or (head_dim or 128) not in HOPPER_SHAPES:
             pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
-        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False: mma_tile_shape(d))
+        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: mma_tile_shape(d))
     return body
 
 

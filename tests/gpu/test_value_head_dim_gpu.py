@@ -1,13 +1,15 @@
 """A value head dim of its own (``D_v != D``: multi-head latent attention, DeepSeek-V3's 192/128) on the CUDA
-kernels, against the fp32 oracle: the native 192/128 forward on Hopper for calls without gradients, else the
-exact zero-padding route (:mod:`hf_flashpatch.value_head_dim`).
+kernels, against the fp32 oracle: the native 192/128 forward on Hopper (training included; its backward runs
+on zero-padded inputs), the 192/128 decode kernels, else the exact zero-padding route
+(:mod:`hf_flashpatch.kernels.value_head_dim`).
 
 Layout q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, out ``(B, S_q, H, D_v)``. The
 bound, as in the other GPU tests: the kernel's max error against the fp32 oracle at most twice that of a
 same-precision torch run (torch's sdpa in bf16, which takes a V head dim of its own; a hand-built bf16
 attention where sdpa cannot express the call: softcap, sinks) plus a small eps; gradients too. Awkward
-lengths, mha/gqa/mqa, 192/128 and 64/32; the decode paths' documented fallback; a tiny DeepSeek-V3-shaped
-model in bf16, patched vs sdpa: logits within the usual tolerance and the same greedy tokens.
+lengths, mha/gqa/mqa, 192/128 and 64/32; the decode kernels at 192/128 (contiguous, paged, slot; split and
+not) and the decode paths' documented fallback for other pairs; a tiny DeepSeek-V3-shaped model in bf16, patched
+vs sdpa: logits within the usual tolerance and the same greedy tokens.
 """
 
 import warnings
@@ -81,16 +83,32 @@ def _no_fallback(caught):
 
 @pytest.fixture
 def padded_calls(monkeypatch):
-    """The head dims the forward kernel is launched with (the padded route gives it one, a kernel head dim)."""
+    """The head dims the kernels are launched with, ``(kind, D_q, D_k, D_v)``: "forward" and "backward" (the padded
+    route gives them one, a kernel head dim; the native 192/128 forward the pair)."""
+    from hf_flashpatch.kernels import backward as backward_module
+
     calls = []
-    real = forward_module.attention_forward
+    real_forward, real_backward = forward_module._launch, backward_module._kernel_backward
 
-    def recording(q, k, v, **kwargs):
-        calls.append((q.shape[-1], k.shape[-1], v.shape[-1]))
-        return real(q, k, v, **kwargs)
+    def forward_launch(q, k, v, *args, **kwargs):
+        calls.append(("forward", q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real_forward(q, k, v, *args, **kwargs)
 
-    monkeypatch.setattr(forward_module, "attention_forward", recording)
+    def backward_launch(cfg, dout, q, k, v, *args, **kwargs):
+        calls.append(("backward", q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real_backward(cfg, dout, q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(forward_module, "_launch", forward_launch)
+    monkeypatch.setattr(backward_module, "_kernel_backward", backward_launch)
     return calls
+
+
+def _forward_launch(dims, device) -> tuple:
+    d, d_v = dims
+    if native_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: a kernel takes the pair
+        return ("forward", d, d, d_v)
+    padded = 256 if (d, d_v) == (192, 128) else 64
+    return ("forward", padded, padded, padded)
 
 
 @pytest.mark.parametrize("dims", list(DIMS))
@@ -98,19 +116,16 @@ def padded_calls(monkeypatch):
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"{a}x{b}" for a, b in SEQLENS])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_matches_the_oracle(dims, heads, seqlens, causal, padded_calls):
-    """Inference calls: the native forward where a kernel takes the pair (192/128 on Hopper), else the padded one
-    (S_q = 1 would try the decode kernel at one head dim: never for D_v != D)."""
+    """Inference calls: the decode kernel for few query rows at 192/128, else the native forward where a kernel
+    takes the pair (192/128 on Hopper), else the padded one."""
     q, k, v = _qkv(2, *seqlens, HEADS[heads], DIMS[dims])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out, lse = hfp.flash_attn_func(q, k, v, causal=causal, return_lse=True)
     _no_fallback(caught)
-    d, d_v = DIMS[dims]
-    if native_value_head_dim(d, d_v, device_arch(q.device)):  # 192/128 on Hopper: a kernel takes the pair
-        assert padded_calls == [(d, d, d_v)]
-    else:
-        padded = 256 if dims == "192-128" else 64
-        assert padded_calls == [(padded, padded, padded)]
+    h, h_kv = HEADS[heads]
+    decoded = dims == "192-128" and seqlens[0] * (h // h_kv) <= 64  # the decode kernel's rows per KV head
+    assert padded_calls == ([] if decoded else [_forward_launch(DIMS[dims], q.device)])
     want, want_lse = attention_reference(q.float(), k.float(), v.float(), causal=causal)
     assert out.shape == want.shape and out.dtype == torch.bfloat16 and not out.isnan().any()
     _within_twice(out, _sdpa_bf16(q, k, v, causal), want, "out")
@@ -120,8 +135,9 @@ def test_forward_matches_the_oracle(dims, heads, seqlens, causal, padded_calls):
 @pytest.mark.parametrize("dims", list(DIMS))
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("seqlens", [(113, 239), (239, 239), (1, 113)], ids=["113x239", "239x239", "1x113"])
-def test_gradients_match_the_oracle(dims, heads, seqlens):
-    """dq, dk, dv through the padded route (the backward kernel at the padded head dim), causal."""
+def test_gradients_match_the_oracle(dims, heads, seqlens, padded_calls):
+    """dq, dk, dv: the forward as for inference (native 192/128 on Hopper), the backward kernel at the padded head
+    dim; causal."""
     q, k, v = _qkv(2, *seqlens, HEADS[heads], DIMS[dims], seed=1, requires_grad=True)
     grad = torch.randn(*q.shape[:3], v.shape[-1], device=DEV, dtype=torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
@@ -135,6 +151,8 @@ def test_gradients_match_the_oracle(dims, heads, seqlens):
     for name, g, b, w in zip(["dq", "dk", "dv"], got, bases, wants):
         assert g.shape == w.shape, name
         _within_twice(g, b, w, name)
+    padded = 256 if dims == "192-128" else 64
+    assert padded_calls == [_forward_launch(DIMS[dims], q.device), ("backward", padded, padded, padded)]
 
 
 @pytest.mark.parametrize("dims", list(DIMS))
@@ -171,12 +189,66 @@ def test_varlen_matches_the_oracle(dims):
     _within_twice(out, base, want, "out")
 
 
-def test_decode_paths_take_the_documented_fallback(monkeypatch):
-    """flash_attn_with_kvcache does not pad the cache: it warns once and runs the torch fallback, exactly."""
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("cache", [239, 4096], ids=["cache239", "cache4096"])
+def test_decode_kernels_at_192_128_match_the_oracle(heads, cache, monkeypatch):
+    """The decode kernels at q/k 192, v 128 (no padding): contiguous cache with ragged lengths, paged pool and slot
+    pool, one query token and four (speculative decoding), split-KV (4096 keys) and not; sentinel-filled
+    allocator blocks under the outputs."""
+    from hf_flashpatch.kernels import decode as decode_module
+
     monkeypatch.setattr(hfp.api, "_warned", set())
-    q, k, v = _qkv(3, 1, 239, HEADS["gqa"], DIMS["192-128"], seed=4)
+    built = []
+    real_plan = decode_module.decode_plan
+
+    def recording_plan(*args):
+        plan = real_plan(*args)
+        built.append((plan.config.head_dim, plan.config.head_dim_v, plan.num_splits))
+        return plan
+
+    monkeypatch.setattr(decode_module, "decode_plan", recording_plan)
+    for seqlen_q in (1, 4):
+        q, k, v = _qkv(3, seqlen_q, cache, HEADS[heads], DIMS["192-128"], seed=4)
+        lens = torch.tensor([cache, 1 + seqlen_q, 113], dtype=torch.int32, device=DEV)
+        torch.full((1 << 22,), float("nan"), device=DEV)  # a NaN-filled block for the outputs to land on
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = hfp.flash_attn_with_kvcache(q, k, v, lens)
+            page_size = cache if cache < 256 else 16  # one page per row, or 16-key pages
+            num_pages = 3 * cache // page_size
+            table = torch.randperm(num_pages, device=DEV, dtype=torch.int32).view(3, -1)  # shuffled pages
+            k_pool = torch.empty(num_pages, page_size, *k.shape[2:], device=DEV, dtype=k.dtype)
+            v_pool = torch.empty(num_pages, page_size, *v.shape[2:], device=DEV, dtype=v.dtype)
+            k_pool[table.long()] = k.view(3, -1, page_size, *k.shape[2:])  # (3, pages per row, page_size, H_kv, D)
+            v_pool[table.long()] = v.view(3, -1, page_size, *v.shape[2:])
+            paged = hfp.flash_attn_paged_decode(q, k_pool, v_pool, table, lens)
+            slots = torch.cat([torch.arange(b * cache, b * cache + n, device=DEV) for b, n in enumerate(lens.tolist())])
+            cu_k = torch.tensor([0, *lens.cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+            cu_q = torch.arange(0, 4 * seqlen_q, seqlen_q, dtype=torch.int32, device=DEV)
+            slot = hfp.flash_attn_slot_varlen_func(q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]),
+                                                   v.reshape(-1, *v.shape[2:]), slots, cu_q, cu_k, seqlen_q, cache,
+                                                   causal=True)  # fmt: skip
+        _no_fallback(caught)
+        for b, n in enumerate(lens.tolist()):
+            rows = (q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n])
+            want, _ = attention_reference(*(t.float() for t in rows), causal=True)
+            base = _sdpa_bf16(*rows, True)
+            _within_twice(out[b : b + 1], base, want, f"with_kvcache row {b}")
+            _within_twice(paged[b : b + 1], base, want, f"paged row {b}")
+            _within_twice(slot[b * seqlen_q : (b + 1) * seqlen_q][None], base, want, f"slot row {b}")
+    assert built and all(entry[:2] == (192, 128) for entry in built)
+    if cache == 4096:
+        assert any(splits > 1 for *_, splits in built), built  # the split-KV merge ran at D_v
+
+
+def test_decode_paths_take_the_documented_fallback_for_other_pairs(monkeypatch):
+    """No decode kernel is built for 64/32: flash_attn_with_kvcache does not pad the cache, it warns once and runs
+    the torch fallback, exactly."""
+    monkeypatch.setattr(hfp.api, "_warned", set())
+    q, k, v = _qkv(3, 1, 239, HEADS["gqa"], DIMS["64-32"], seed=4)
     lens = torch.tensor([239, 1, 113], dtype=torch.int32, device=DEV)
-    with pytest.warns(UserWarning, match=r"decode kernels take one head dim for q/k and v, got 192 and 128"):
+    with pytest.warns(UserWarning, match=r"decode kernel serves .* got q \(3, 1, 8, 64\), k \(3, 239, 2, 64\), v "
+                                         r"\(3, 239, 2, 32\)"):  # fmt: skip
         out = hfp.flash_attn_with_kvcache(q, k, v, lens)
     for b, n in enumerate(lens.tolist()):
         want, _ = attention_reference(q[b : b + 1].float(), k[b : b + 1, :n].float(), v[b : b + 1, :n].float(),
@@ -219,8 +291,8 @@ def test_deepseek_v3_logits_within_twice_sdpa_error():
 
 
 def test_deepseek_v3_greedy_generate_matches_sdpa(monkeypatch):
-    """Prefill on our kernels (the native 192/128 forward on Hopper), each decode step on transformers' sdpa (one
-    `value head dim` warning)."""
+    """Prefill on our kernels (the native 192/128 forward on Hopper), each decode step on the 192/128 decode kernel:
+    no fallback of any kind."""
     from hf_flashpatch.backend import unsupported
 
     monkeypatch.setattr(unsupported, "_warned", set())
@@ -230,5 +302,5 @@ def test_deepseek_v3_greedy_generate_matches_sdpa(monkeypatch):
     want, got, caught = generate_before_and_after_patch(model, ids, kwargs)
     _no_fallback(caught)
     reasons = [str(w.message) for w in caught if "cannot serve" in str(w.message)]
-    assert len(reasons) == 1 and "(value head dim: value head dim 128, query/key head dim 192" in reasons[0], reasons
+    assert reasons == []
     assert_same_greedy(model, got, want, mask)  # equal tokens, or a divergence at a bf16 near-tie
