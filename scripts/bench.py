@@ -1,6 +1,7 @@
 """One benchmark run over every kernel against the peers measured in the same run.
 
     python scripts/bench.py [--quick] [--only forward,backward,decode,compile] [--out DIR]
+    python scripts/bench.py --only mla  # the multi-head latent attention rows alone (bench_mla.py)
 
 Each part (``scripts/bench_forward.py``, ``bench_backward.py``, ``bench_decode.py``, ``bench_compile.py``:
 a patched model under ``torch.compile``) appends result
