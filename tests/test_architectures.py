@@ -338,8 +338,10 @@ def test_every_causal_lm_of_transformers_is_a_row():
     rows = architecture_rows()
     assert set(rows) == set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     assert all(row.skip is None or row.skip.strip() for row in rows.values())
-    for listed in (REPRESENTATIVE, KNOWN_SKIPS, KNOWN_WRONG, SPECIAL):  # no stale hand-kept names
-        assert set(listed) <= set(rows), set(listed) - set(rows)
+    if docs_table()[0] == transformers.__version__:  # no stale hand-kept names (older releases lack newer models)
+        for listed in (KNOWN_SKIPS, KNOWN_WRONG, SPECIAL):
+            assert set(listed) <= set(rows), set(listed) - set(rows)
+    assert set(REPRESENTATIVE) <= set(rows), set(REPRESENTATIVE) - set(rows)
     assert all(rows[model_type].skip is None for model_type in REPRESENTATIVE)
     assert not set(REPRESENTATIVE) & set(KNOWN_WRONG)
     assert len([row for row in rows.values() if row.skip is None]) >= 50  # the enumeration found the zoo

@@ -13,7 +13,8 @@ carry the ``cache`` (a ``PagedAttentionCache``), ``cu_seq_lens_q/k`` and ``max_s
   :func:`paged_attention_forward_torch` does what transformers' ``paged|sdpa`` does, without its dense
   ``T_q x T_k`` mask: ``cache.update`` writes the new K/V and gathers each sequence's K/V contiguously,
   then our varlen API runs causal attention per sequence (bottom-right aligned, which is what a request
-  with cached tokens needs). The gather is the slow part that the slot route avoids.
+  with cached tokens needs), with the layer's sliding window (the call's ``sliding_window`` or the module's)
+  and attention sinks (GPT-OSS's ``s_aux``) folded in. The gather is the slow part that the slot route avoids.
 - transformers >= 5.23 calls the name of :func:`continuous_batching_forward`. Its models update the
   cache themselves: in mixed or prefill batches ``cache.update`` has gathered each sequence's K/V before
   the call, which :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen; in
@@ -28,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from . import paged_kernel
+from . import unsupported
 from .attention import (
     _as_int,
     attention_forward,
@@ -35,11 +37,14 @@ from .attention import (
     common_dtype,
     varlen_packed_row,
     window_from_sliding,
+    window_of_every_layer,
 )
 
 
-def _layer_type(module) -> str:
-    return "sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"
+def _sliding_window(module, kwargs: dict) -> int | None:
+    """The layer's sliding window: the call's ``sliding_window`` (Mistral-like models keep no module attribute on
+    transformers 5.17), the module's, or the one its model applies only in the mask."""
+    return kwargs.get("sliding_window") or getattr(module, "sliding_window", None) or window_of_every_layer(module)
 
 
 def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
@@ -57,7 +62,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """``paged|<name>`` (transformers < 5.23). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
     -> ``(out (1, T_q, H, D), None)``."""
-    check_unsupported(module, dropout, kwargs)
+    check_unsupported(module, dropout, kwargs, sinks_served=True)  # the torch path folds sinks in
     _check_packed_call(query, kwargs)
     if paged_kernel.slot_route_declines(module, query, value, kwargs) is None:
         return paged_kernel.slot_attention(module, query, key, value, scaling, kwargs)
@@ -66,9 +71,10 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 
 def paged_attention_forward_torch(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The gather-then-varlen path of ``paged|<name>`` (any device); see the module docstring."""
-    check_unsupported(module, dropout, kwargs)
+    check_unsupported(module, dropout, kwargs, sinks_served=True)
     _check_packed_call(query, kwargs)
-    layer_type = _layer_type(module)
+    sliding = _sliding_window(module, kwargs)
+    layer_type = "sliding_attention" if sliding else "full_attention"
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     max_q = kwargs.get("max_seqlen_q", kwargs.get("max_length_q"))
     max_k = kwargs.get("max_seqlen_k", kwargs.get("max_length_k"))
@@ -87,10 +93,10 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
     dtype = common_dtype(module, query, k_all, v_all)  # the pool may be stored in another dtype than q
     q = query.transpose(1, 2).to(dtype)  # (1, T_q, H, D) view
     k_all, v_all = k_all.to(dtype), v_all.to(dtype)
-    sliding = getattr(module, "sliding_window", None)
     out = varlen_packed_row(
         q, k_all[None], v_all[None], cu_q, cu_k, _as_int(max_q), _as_int(max_k),
         causal=True, softmax_scale=scaling, window=window_from_sliding(sliding), softcap=kwargs.get("softcap"),
+        sinks=unsupported.sink_logits(kwargs),
     )  # fmt: skip  (1, T_q, H, D)
     return out.contiguous(), None
 

@@ -43,6 +43,7 @@ import torch
 
 from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
 from ..kernels import kernels_unavailable_reason
+from . import unsupported
 from .attention import once_per_forward
 
 
@@ -67,6 +68,8 @@ def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs
     if cache is None or not hasattr(cache, "layer_index_to_group_indices") or not hasattr(cache, "key_cache"):
         return f"a cache without the per-group pool layout of transformers 5.17 ({type(cache).__name__})"
     # Mistral-like models pass the window as a kwarg and keep no module attribute; the cache knows too.
+    if unsupported.sink_logits(kwargs) is not None:
+        return "attention sinks (the slot route does not fold them in; the gather-then-varlen route does)"
     cache_window = getattr(cache, "sliding_windows", {}).get(getattr(module, "layer_idx", None), 1)
     if cache_window > 1 or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
         return "a sliding-window layer (rolling-buffer slots and sentinel reads)"
