@@ -297,7 +297,7 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None
     """Write new tokens' K/V rows into their slots of a pool, in place: ``k_pool[slots[t]] = k_new[t]`` (and V).
 
     ``k_new``/``v_new`` ``(T, H_kv, D)``; pools ``(num_slots, H_kv, D)`` of the same dtype (views into a
-    larger cache are written where they are); ``slots`` int ``(T,)``. A negative slot skips its row
+    larger cache are written where they are; V's rows may have a head dim ``D_v`` of their own, new and pool alike); ``slots`` int ``(T,)``. A negative slot skips its row
     (padding). Two rows with one slot leave one of them, unspecified which. ``check_inputs=False`` skips
     the check that every slot is below ``num_slots`` on CUDA (module docstring); unchecked, such rows
     are skipped. Without that check no path syncs with the host (CUDA-graph capturable), the torch
@@ -326,10 +326,12 @@ def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (rows, kv_heads, head_dim), got shape {tuple(t.shape)}")
-    if k_new.shape != v_new.shape or k_pool.shape != v_pool.shape or k_new.shape[1:] != k_pool.shape[1:]:
+    same_rows = k_new.shape[:2] == v_new.shape[:2] and k_pool.shape[:2] == v_pool.shape[:2]
+    if not same_rows or k_new.shape[1:] != k_pool.shape[1:] or v_new.shape[1:] != v_pool.shape[1:]:
         raise ValueError(
-            f"k_new/v_new must be (T, H_kv, D) and k_pool/v_pool (num_slots, H_kv, D) with the same H_kv, D, got "
-            f"{tuple(k_new.shape)}, {tuple(v_new.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
+            f"k_new/v_new must be (T, H_kv, D | D_v) and k_pool/v_pool (num_slots, H_kv, D | D_v) with the same T, "
+            f"num_slots and H_kv, and each pool the head dim of its new rows, got {tuple(k_new.shape)}, "
+            f"{tuple(v_new.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
         )
     if len({t.dtype for _, t in named}) != 1:
         raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, got {[str(t.dtype) for _, t in named]}")

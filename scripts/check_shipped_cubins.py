@@ -103,6 +103,11 @@ def shipped_builds() -> dict:
                 for mask in (False, True):
                     config = forward_config(d, dtype_name, mask, arch, head_dim_v=d_v)
                     builds[f"fwd/{arch}/{dtype_name}/d{d}v{d_v}/mask{int(mask)}"] = config.build(arch)
+            for d in _backward_only_head_dims():  # the padded backward of a v head dim of its own
+                for softcap in (False, True):
+                    for det in (False, True):
+                        config = backward_config(d, dtype, softcap, arch, deterministic=det)
+                        builds[f"bwd/{arch}/{dtype_name}/d{d}/softcap{int(softcap)}/det{int(det)}"] = config.build()
             for d, d_v in _decode_value_head_dim_pairs():
                 for softcap in (False, True):
                     for addressing in ADDRESSINGS:
@@ -120,6 +125,13 @@ def _value_head_dim_pairs(arch: str) -> list:
     except ImportError:
         return []
     return [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
+
+
+def _backward_only_head_dims() -> list:
+    """Head dims the backward kernels take and the forward's do not (192: the padded backward of 192/128)."""
+    from hf_flashpatch.kernels.heuristics import BACKWARD_HEAD_DIMS
+
+    return [d for d in BACKWARD_HEAD_DIMS if d not in HEAD_DIMS]
 
 
 def _decode_value_head_dim_pairs() -> tuple:

@@ -21,6 +21,34 @@ def test_kv_append_writes_kept_rows_only(dtype):
     assert torch.equal(k_pool, want_k) and torch.equal(v_pool, want_v)
 
 
+def test_kv_append_with_a_value_head_dim_of_its_own():
+    """Multi-head latent attention pools: K rows of 24, V rows of 16."""
+    k_pool, v_pool = torch.randn(10, 2, 24), torch.randn(10, 2, 16)
+    k_before, v_before = k_pool.clone(), v_pool.clone()
+    k_new, v_new = torch.randn(3, 2, 24), torch.randn(3, 2, 16)
+    api.kv_append(k_new, v_new, k_pool, v_pool, torch.tensor([7, -1, 2]))
+    k_before[[7, 2]], v_before[[7, 2]] = k_new[[0, 2]], v_new[[0, 2]]
+    assert torch.equal(k_pool, k_before) and torch.equal(v_pool, v_before)
+
+
+def test_kv_append_kernel_launch_with_narrower_value_rows(monkeypatch):
+    """The kernel gets each pool's own row width in 16-byte chunks (K 192 -> 24, V 128 -> 16) and a grid over the
+    wider one; its arguments pack against ``cuda/kv_append.cu``."""
+    from launch_recorder import RecordingKernel
+
+    from hf_flashpatch.kernels import decode
+
+    launched = []
+    monkeypatch.setattr(decode, "get_kernel", lambda build, entry, device: RecordingKernel(entry, launched))
+    monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
+    k_new, v_new = torch.randn(5, 2, 192).bfloat16(), torch.randn(5, 2, 128).bfloat16()
+    k_pool, v_pool = torch.zeros(64, 2, 192).bfloat16(), torch.zeros(64, 2, 128).bfloat16()
+    decode._kv_append_impl(k_new, v_new, k_pool, v_pool, torch.arange(5))
+    ((entry, _grid, args),) = launched
+    assert entry == "hfp_kv_append" and args[-5:] == (5, 2, 24, 16, 64)  # tokens, kv heads, K / V chunks, slots
+
+
 def test_kv_append_all_padding_and_block_pool_view():
     pages = torch.randn(5, 4, 2, 8)  # (num_pages, page_size, H_kv, D): slot = page * 4 + offset
     before = pages.clone()
@@ -39,8 +67,10 @@ def test_kv_append_errors_name_what_was_received():
         api.kv_append(new, new, pool, pool.clone(), torch.tensor([0, 10]))
     with pytest.raises(TypeError, match="share a dtype"):
         api.kv_append(new.half(), new.half(), pool, pool.clone(), torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=r"same H_kv, D, got \(2, 2, 8\), \(2, 2, 8\), \(10, 1, 8\)"):
+    with pytest.raises(ValueError, match=r"same T, num_slots and H_kv.*got \(2, 2, 8\), \(2, 2, 8\), \(10, 1, 8\)"):
         api.kv_append(new, new, pool[:, :1], pool[:, :1].clone(), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"each pool the head dim of its new rows, got \(2, 2, 8\), \(2, 2, 4\)"):
+        api.kv_append(new, new[..., :4], pool, pool.clone(), torch.tensor([0, 1]))  # v rows 4 wide, v pool 8
     with pytest.raises(ValueError, match=r"slots must be \(2,\), got \(3,\)"):
         api.kv_append(new, new, pool, pool.clone(), torch.tensor([0, 1, 2]))
 

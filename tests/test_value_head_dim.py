@@ -20,10 +20,12 @@ from hf_flashpatch.kernels import backward_torch, decode, forward, forward_torch
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.reference import attention_reference, attention_tiled, normalize_window, varlen_attention_reference
 from hf_flashpatch.sinks import add_sinks
-from hf_flashpatch.kernels.value_head_dim import kernel_head_dims, padded_attention, padded_head_dim
+from hf_flashpatch.kernels.heuristics import BACKWARD_HEAD_DIMS
+from hf_flashpatch.kernels.value_head_dim import padded_attention, padded_head_dim
 
 DIMS = [(192, 128), (96, 64), (64, 32), (128, 256)]  # (q/k head dim, v head dim); DeepSeek-V3's first
 TOL = dict(atol=2e-5, rtol=2e-5)
+FORWARD_HEAD_DIMS = forward.SUPPORTED_HEAD_DIMS
 GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
 
 
@@ -84,15 +86,15 @@ def test_padded_route_is_exact_forward_and_gradients(dims, case):
     sinks = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(9)) if attention.get("sinks") else None
     leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
     calls = []
-    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves[:3], softmax_scale=None,
-                                **_route_kwargs(attention))  # fmt: skip
+    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves[:3], kernel_head_dims=FORWARD_HEAD_DIMS,
+                                softmax_scale=None, **_route_kwargs(attention))  # fmt: skip
     if sinks is not None:
         out, lse = add_sinks(out, lse, leaves[3])
     ref_leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
     ref_sinks = None if sinks is None else ref_leaves[3]
     ref_out, ref_lse = attention_reference(*ref_leaves[:3], causal=attention["causal"], window=attention.get("window"),
                                            softcap=attention.get("softcap"), sinks=ref_sinks)  # fmt: skip
-    padded = padded_head_dim(*dims)
+    padded = padded_head_dim(*dims, FORWARD_HEAD_DIMS)
     assert calls == [(padded, padded, padded, 1.0 / math.sqrt(dims[0]))]
     assert out.shape == (*q.shape[:3], dims[1]) and out.is_contiguous()
     torch.testing.assert_close(out, ref_out, **TOL)
@@ -111,7 +113,8 @@ def test_padded_route_varlen_is_exact(dims):
     cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
     leaves = _leaves(q, k, v)
     calls = []
-    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves, softmax_scale=0.1, causal=True,
+    out, lse = padded_attention(_recording_torch_kernel(calls), *leaves, kernel_head_dims=FORWARD_HEAD_DIMS,
+                                softmax_scale=0.1, causal=True,
                                 window_left=-1, window_right=0, softcap=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                 max_seqlen_q=7, max_seqlen_k=7)  # fmt: skip
     ref_leaves = _leaves(q, k, v)
@@ -125,13 +128,14 @@ def test_padded_route_varlen_is_exact(dims):
 
 
 def test_padded_head_dim_is_the_smallest_kernel_head_dim_that_fits():
-    assert kernel_head_dims() == (32, 64, 96, 128, 256)  # forward and backward kernels both take these
-    assert [padded_head_dim(*d) for d in DIMS] == [256, 96, 64, 256]  # 96/64: only v is padded
-    assert padded_head_dim(24, 16) == 32 and padded_head_dim(1, 1) == 32
-    assert padded_head_dim(300, 16) == 300  # no kernel head dim that large: the kernels decline, the fallback serves
+    assert FORWARD_HEAD_DIMS == (32, 64, 96, 128, 256) and BACKWARD_HEAD_DIMS == (32, 64, 96, 128, 192, 256)
+    assert [padded_head_dim(*d, FORWARD_HEAD_DIMS) for d in DIMS] == [256, 96, 64, 256]  # 96/64: only v is padded
+    assert [padded_head_dim(*d, BACKWARD_HEAD_DIMS) for d in DIMS] == [192, 96, 64, 256]  # 192/128: v only, to 192
+    assert padded_head_dim(24, 16, FORWARD_HEAD_DIMS) == 32 and padded_head_dim(1, 1, FORWARD_HEAD_DIMS) == 32
+    assert padded_head_dim(300, 16, FORWARD_HEAD_DIMS) == 300  # none that large: the kernels decline
     with pytest.raises(ValueError, match=r"q and k must share a head dim, got q \(1, 2, 2, 8\) and k \(1, 2, 2, 4\)"):
         padded_attention(None, torch.zeros(1, 2, 2, 8), torch.zeros(1, 2, 2, 4), torch.zeros(1, 2, 2, 4),
-                         softmax_scale=None)  # fmt: skip
+                         kernel_head_dims=FORWARD_HEAD_DIMS, softmax_scale=None)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------ the public API
@@ -212,7 +216,7 @@ def hopper_pairs(monkeypatch):
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 def test_native_pair_takes_the_unpadded_forward_and_a_padded_backward(kernel_device, hopper_pairs, grad):
     """192/128 on Hopper: the forward kernel runs at the native dims, for training too; the backward kernels take
-    one head dim, so the gradients run on inputs zero-padded to 256. Other pairs are padded either way."""
+    one head dim, so the gradients run on v, out and dout zero-padded to 192. Other pairs are padded either way."""
     q, k, v = _qkv(seqlen_q=5, seqlen_k=11, dims=(192, 128))
     leaves = _leaves(q, k, v) if grad else [q, k, v]
     out = hfp.flash_attn_func(*leaves, causal=True)
@@ -224,7 +228,7 @@ def test_native_pair_takes_the_unpadded_forward_and_a_padded_backward(kernel_dev
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     forward_launch = ("forward", 192, 192, 128)
     tried = ("decode", 192, 192, 128)  # few queries, no gradients: the decode kernel is asked first (and declines)
-    assert kernel_device == ([forward_launch, ("backward", 256, 256, 256)] if grad else [tried, forward_launch])
+    assert kernel_device == ([forward_launch, ("backward", 192, 192, 192)] if grad else [tried, forward_launch])
     kernel_device.clear()
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     packed = [t.reshape(-1, *t.shape[2:])[:9] for t in (q, k, v)]  # (T, H, D | D_v)

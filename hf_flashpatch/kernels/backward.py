@@ -152,7 +152,9 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
         raise KernelUnsupported(reason)
     if k.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs k's head_dim == q's, got {tuple(k.shape)} and {tuple(q.shape)}")
-    head_dim = q.shape[-1] if v.shape[-1] == q.shape[-1] else padded_head_dim(q.shape[-1], v.shape[-1])
+    head_dim = q.shape[-1]
+    if v.shape[-1] != head_dim:
+        head_dim = padded_head_dim(head_dim, v.shape[-1], SUPPORTED_HEAD_DIMS)
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
     return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic))
 
@@ -269,7 +271,9 @@ def _backward_impl(
             return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
 
-        return run(dout, q, k, v, out) if v.shape[-1] == q.shape[-1] else padded_gradients(run, dout, q, k, v, out)
+        if v.shape[-1] == q.shape[-1]:
+            return run(dout, q, k, v, out)
+        return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=SUPPORTED_HEAD_DIMS)
     except KernelUnsupported as exc:
         if q.is_cuda:
             _warn_once(str(exc))

@@ -39,7 +39,7 @@ from . import forward_torch
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, native_value_head_dim
-from .value_head_dim import kernel_head_dims, padded_attention, padded_head_dim
+from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -183,11 +183,11 @@ def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         served = head_dim in SUPPORTED_HEAD_DIMS
     else:  # a native pair (the arch is checked at launch), or zero-padded to a kernel head dim
         served = (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES or padded_head_dim(
-            head_dim, head_dim_v) in kernel_head_dims()  # fmt: skip
+            head_dim, head_dim_v, SUPPORTED_HEAD_DIMS) in SUPPORTED_HEAD_DIMS  # fmt: skip
     if k.shape[-1] != head_dim or not served:
         raise KernelUnsupported(
             f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS} (v's may differ where both fit in one "
-            f"of {kernel_head_dims()}), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"of them), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.is_cuda and k.device == q.device and v.device == q.device):
         raise KernelUnsupported(f"the forward kernel needs q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
@@ -301,7 +301,8 @@ def _attention_forward_impl(
                 return _launch(q_p, k_p, v_p, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                causal, window_left, window_right, softcap)  # fmt: skip
 
-            return padded_attention(launch_padded, q, k, v, softmax_scale=softmax_scale)
+            return padded_attention(launch_padded, q, k, v, kernel_head_dims=SUPPORTED_HEAD_DIMS,
+                                    softmax_scale=softmax_scale)  # fmt: skip
         return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                        window_left, window_right, softcap)  # fmt: skip
     except KernelUnsupported as exc:

@@ -114,7 +114,7 @@ def mma_tile_shape(head_dim: int) -> TileShape:
 
 # =========================================================================================== backward
 
-BACKWARD_HEAD_DIMS = (32, 64, 96, 128, 256)
+BACKWARD_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # 192: the padded backward of 192/128 (value_head_dim.py)
 
 
 def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", deterministic: bool = False) -> dict:
@@ -126,6 +126,9 @@ def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", determini
         # 128 dK/dV registers per warp-row would not fit: two warps share 16 keys, each owning half
         # of D (S and dP are computed by both), and bwd_dq takes 64-row tiles to fit its smem.
         base = dict(block_m=32 if softcap else 64, d_split=2, dq_block_n=32, dq_warps=4)
+    elif head_dim == 192:
+        # As 256 (one warp spills 504 bytes), with 96 columns per warp: dQ in two 48-column chunks.
+        base = dict(block_m=64, d_split=2, dq_block_n=32, dq_warps=4, dq_chunk=48)
     elif softcap and head_dim >= 128:
         # softcap keeps 1 - tanh^2 per score in registers: halve the query step to stay spill-free.
         base = dict(block_m=32)
@@ -136,7 +139,7 @@ def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", determini
         base = dict(block_m=64)
     if deterministic or head_dim not in (64, 128):
         # The per-warp 16-key body: the only one with the dQ-free dK/dV kernel + dQ kernel pair that makes
-        # the result bit-identical run to run, and the only body for head dims 32, 96 and 256.
+        # the result bit-identical run to run, and the only body for head dims 32, 96, 192 and 256.
         return dict(base, body="default")
     if arch == "sm_90a":
         # Hopper: every GEMM on warpgroup MMA, three Q/dO stages handed over by mbarriers; d64 takes

@@ -9,7 +9,8 @@ DeepSeek-V3: 128 without RoPE + 64 with it) and a value head dim ``D_v`` (128). 
   so the gradients run on zero-padded inputs (:func:`padded_gradients`);
 - every other pair, and other GPUs, run the forward on zero-padded inputs as well (:func:`padded_attention`).
 
-Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`) is exact:
+Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`: the smallest the forward, or the backward,
+kernels take; they differ, 192 being a backward head dim only) is exact:
 
 - q and k get ``P - D`` zero columns: every score ``q . k`` is unchanged, since the added products are
   ``0 * 0``; the softmax, its ``lse`` and the causal/window masks are unchanged too. The scale must be
@@ -21,8 +22,8 @@ Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`) is exact:
   ``dQ = dS K``, ``dK = dS^T Q`` and ``dV = A^T dO`` come back with zero padded columns, sliced off.
 
 The cost of the padded parts: the kernel does the work of head dim ``P``, i.e. ``P / D`` times the ``Q K^T``
-work and ``P / D_v`` times the ``P V`` work (DeepSeek-V3's 192/128 pads to 256: 1.33x and 2x), plus one copy
-of each padded tensor. Decoding over a cache is served by the decode kernels at ``D_v`` directly
+work and ``P / D_v`` times the ``P V`` work (a 192/128 forward off Hopper pads to 256: 1.33x and 2x; its backward pads
+v only, to 192), plus one copy of each padded tensor. Decoding over a cache is served by the decode kernels at ``D_v`` directly
 (``cuda/decode.cu`` ``HEAD_DIM_V``), never by padding the whole cache at every step.
 
 Layout: q ``(..., H, D)``, k ``(..., H_kv, D)``, v ``(..., H_kv, D_v)`` (batched ``(batch, seqlen, heads,
@@ -38,19 +39,12 @@ import torch
 import torch.nn.functional as F
 
 
-def kernel_head_dims() -> tuple[int, ...]:
-    """The head dims the forward and the backward kernels both take, ascending."""
-    from .forward import SUPPORTED_HEAD_DIMS  # imported here: the forward module imports this one
-    from .heuristics import BACKWARD_HEAD_DIMS
-
-    return tuple(sorted(set(SUPPORTED_HEAD_DIMS) & set(BACKWARD_HEAD_DIMS)))
-
-
-def padded_head_dim(head_dim: int, head_dim_v: int) -> int:
-    """``P``: the smallest kernel head dim >= both ``D`` and ``D_v``; ``max(D, D_v)`` itself when no kernel
-    head dim is that large (the kernels then decline the padded call, which takes their torch path)."""
+def padded_head_dim(head_dim: int, head_dim_v: int, kernel_head_dims: tuple[int, ...]) -> int:
+    """``P``: the smallest of ``kernel_head_dims`` (ascending: the forward's or the backward's) >= both ``D`` and
+    ``D_v``; ``max(D, D_v)`` itself when none is that large (the kernels then decline the padded call, which
+    takes their torch path)."""
     need = max(head_dim, head_dim_v)
-    return next((d for d in kernel_head_dims() if d >= need), need)
+    return next((d for d in kernel_head_dims if d >= need), need)
 
 
 def padded_attention(
@@ -59,11 +53,12 @@ def padded_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    kernel_head_dims: tuple[int, ...],
     softmax_scale: float | None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``attend(q', k', v', softmax_scale=scale, **kwargs)`` on zero-padded inputs of one head dim ``P``
-    (:func:`padded_head_dim`), returning ``(out (..., H, D_v) contiguous, lse)``.
+    (:func:`padded_head_dim` among ``kernel_head_dims``), returning ``(out (..., H, D_v) contiguous, lse)``.
 
     ``attend`` is any attention with equal q/k/v head dims that returns ``(out, lse)``: the forward kernel's
     launch, or a torch attention in a test. ``softmax_scale=None`` means ``1 / sqrt(D)``, D being q's
@@ -72,7 +67,7 @@ def padded_attention(
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     if k.shape[-1] != head_dim:
         raise ValueError(f"q and k must share a head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    width = padded_head_dim(head_dim, head_dim_v)
+    width = padded_head_dim(head_dim, head_dim_v, kernel_head_dims)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
     q_p, k_p = F.pad(q, (0, width - head_dim)), F.pad(k, (0, width - head_dim))  # (..., H or H_kv, P)
     v_p = F.pad(v, (0, width - head_dim_v))  # (..., H_kv, P)
@@ -87,13 +82,15 @@ def padded_gradients(
     k: torch.Tensor,
     v: torch.Tensor,
     out: torch.Tensor,
+    *,
+    kernel_head_dims: tuple[int, ...],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of an attention whose v has a head dim of its own, by ``backward(dout', q', k', v',
-    out')`` on zero-padded inputs of one head dim ``P`` (:func:`padded_head_dim`); ``backward`` closes over
-    the rest (lse, the explicit scale, masks). Returns contiguous gradients of q's, k's and v's shapes.
+    out')`` on zero-padded inputs of one head dim ``P`` (:func:`padded_head_dim` among ``kernel_head_dims``);
+    ``backward`` closes over the rest (lse, the explicit scale, masks). Returns contiguous gradients of q's, k's and v's shapes.
     dout/out ``(..., H, D_v)``; see the module docstring for why the result is exact."""
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    width = padded_head_dim(head_dim, head_dim_v)
+    width = padded_head_dim(head_dim, head_dim_v, kernel_head_dims)
     pad_qk = lambda t: F.pad(t, (0, width - head_dim))  # noqa: E731 - (..., H or H_kv, P)
     pad_v = lambda t: F.pad(t, (0, width - head_dim_v))  # noqa: E731 - (..., H or H_kv, P)
     dq, dk, dv = backward(pad_v(dout), pad_qk(q), pad_qk(k), pad_v(v), pad_v(out))  # each (..., P)

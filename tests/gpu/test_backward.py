@@ -184,10 +184,11 @@ def test_backward_shapes(seqlens, heads, head_dim, dtype, causal, variant):
     _check(2, *seqlens, *HEADS[heads], head_dim, dtype, causal=causal, variant=variant)
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("head_dim", [32, 96, 192, 256])  # 192: the padded backward of 192/128 (MLA)
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_other_head_dims(head_dim, causal):
-    _check(2, 239, 203, 4, 2, head_dim, torch.bfloat16, causal=causal)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_other_head_dims(head_dim, causal, deterministic):
+    _check(2, 239, 203, 4, 2, head_dim, torch.bfloat16, causal=causal, deterministic=deterministic)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -201,7 +202,7 @@ def test_backward_window(seqlens, window, causal, dtype, variant):
     _check(2, *seqlens, 4, 2, 128, dtype, causal=causal, window=window, variant=variant)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_softcap(head_dim, causal, variant):
     _skip_unless_served(variant, head_dim, softcap=True)
