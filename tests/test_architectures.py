@@ -476,6 +476,27 @@ def test_generate_batch(model_type):
     assert what_runs(counts) == (documented(model_type) or what_runs(counts))
 
 
+@pytest.mark.parametrize("model_type", ["mistral", "gemma2"])  # every layer sliding; sliding and full alternating
+def test_generate_batch_chunked_prefill_over_sliding_windows(model_type):
+    """Prompts longer than the window (6) and than the batch budget (16 tokens): prefill runs in chunks over
+    cached keys of sliding layers (on transformers < 5.23 the ``paged|<name>`` gather-then-varlen route with its
+    rolling buffer). Each prompt's tokens as the reference's greedy ``generate`` of it alone."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    ours, ref = twin_models(model_type)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (40, 9, 23)]
+    want = [ref.generate(input_ids=torch.tensor([p]), **GREEDY)[0, len(p) :].tolist() for p in prompts]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = ours.generate_batch(inputs=prompts, generation_config=GenerationConfig(**GREEDY),
+                                      continuous_batching_config=ContinuousBatchingConfig(num_blocks=32,
+                                                                                          max_batch_tokens=16),
+                                      progress_bar=False)  # fmt: skip
+    by_prompt = {tuple(r.prompt_ids): list(r.generated_tokens) for r in results.values()}
+    assert [by_prompt.get(tuple(p)) for p in prompts] == want
+
+
 # ------------------------------------------------------------------------ the docs table, regenerated
 
 WHY = {
