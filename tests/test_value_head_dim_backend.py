@@ -192,8 +192,9 @@ def _per_row_reference(q, k, v, firsts, **attn):
 
 @pytest.mark.parametrize("branch", ["no mask", "mask", "decode", "masked decode", "packed", "position_ids"])
 def test_traced_attention_serves_a_value_head_dim_of_its_own(branch):
-    """Each route of the compiled path (fullgraph) against the oracle: the batched and varlen ops padded, the
-    torch.cond branches, and the few-query steps, which take the exact dense path instead of the decode op."""
+    """Each route of the compiled path (fullgraph) against the oracle: the batched and varlen ops (which take the
+    pair), the torch.cond branches, and the few-query steps on the decode op (its torch path here; on a GPU the
+    decode kernel serves 192/128)."""
     gen = torch.Generator().manual_seed(4)
     seqlen_q = 2 if "decode" in branch else 8
     q = torch.randn(2, seqlen_q, 4, 24, generator=gen)  # (B, S_q, H, D)

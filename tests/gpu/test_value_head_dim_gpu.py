@@ -304,3 +304,27 @@ def test_deepseek_v3_greedy_generate_matches_sdpa(monkeypatch):
     reasons = [str(w.message) for w in caught if "cannot serve" in str(w.message)]
     assert reasons == []
     assert_same_greedy(model, got, want, mask)  # equal tokens, or a divergence at a bf16 near-tie
+
+
+def test_deepseek_v3_compiled_static_cache_generate_is_the_eager_generate():
+    """Static-cache ``generate`` compiles its decode step: the traced path's few-query steps run the decode op at
+    192/128 (under CUDA graphs) where eager decoding unpads into varlen. The tokens as the eager patched run's, up
+    to a bf16 near-tie; nothing takes a fallback."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    ids, mask = left_padded_batch([113, 1, 64, 97], seed=2)
+    model = tiny_deepseek_v3()
+    hfp.patch(model)
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, cache_implementation="static", pad_token_id=0,
+                  eos_token_id=None)  # fmt: skip
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        eager = model.generate(input_ids=ids, disable_compile=True, **kwargs)
+        compiled = model.generate(input_ids=ids, **kwargs)  # the auto-compiled decode step
+    torch._dynamo.reset()
+    _no_fallback(caught)
+    assert not [w for w in caught if "cannot serve" in str(w.message)]
+    assert counters["frames"]["ok"] >= 1  # it did compile
+    assert_same_greedy(model, compiled, eager, mask)
