@@ -1,5 +1,5 @@
-"""CPU check of the decode kernels: every shipped build (head dims x dtypes x contiguous / block-table /
-slot addressing x softcap) and kv_append compile for sm_90a without register spills. Also the split-KV
+"""CPU check of the decode kernels: every shipped build (head dims, and q/k 192 with v 128, x dtypes x
+contiguous / block-table / slot addressing x softcap) and kv_append compile for sm_90a without register spills. Also the split-KV
 heuristic's ``min_waves`` policy (plain arithmetic)."""
 
 import os
@@ -16,8 +16,8 @@ needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 
 def _default_builds():
     builds = all_builds() + all_builds("sm_80")  # Hopper, and every other GPU
-    # per arch: head dims x dtypes x addressing x softcap, and kv_append
-    assert len(builds) == len(set(builds)) == 2 * (5 * 2 * 3 * 2 + 1)
+    # per arch: (5 head dims + the 192/128 pair) x dtypes x addressing x softcap, and kv_append
+    assert len(builds) == len(set(builds)) == 2 * (6 * 2 * 3 * 2 + 1)
     return builds
 
 
