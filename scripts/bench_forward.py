@@ -11,8 +11,8 @@ for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of 
 (passed to the kernel layer explicitly: nothing selects kernels by environment).
 
 Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v head dim 128, :data:`MLA_DIMS`): ours is the
-public ``flash_attn_func`` (no gradient: on Hopper the native 192/128 kernel, elsewhere zero-padding to head
-dim 256, ``hf_flashpatch/kernels/value_head_dim.py``, whose copies are timed too), against torch's SDPA on the same tensors with the backend torch picks
+public ``flash_attn_func`` (on Hopper the native 192/128 kernel, elsewhere zero-padding to head dim 256,
+``hf_flashpatch/kernels/value_head_dim.py``, whose copies are timed too), against torch's SDPA on the same tensors with the backend torch picks
 itself (flash takes one head dim only). TFLOP/s = 2 * B * H * S^2 * (192 + 128) / time (halved for causal),
 the work at the native dims.
 """
@@ -135,7 +135,7 @@ def _mla_inputs(seqlen, dtype=torch.bfloat16):
 
 
 def run_value_head_dim(results: list, quick: bool = False) -> None:
-    """The 192/128 rows: ours (no gradient: the native 192/128 kernel on Hopper, else the padded route) and torch
+    """The 192/128 rows: ours (the native 192/128 kernel on Hopper, else the padded route) and torch
     SDPA (its own backend choice), same tensors."""
     import hf_flashpatch
 

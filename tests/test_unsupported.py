@@ -55,7 +55,7 @@ def test_reasons():
     assert reason(q, k, v, None, dict(position_bias=torch.zeros(2, 4, 5, 5))) == unsupported.POSITION_BIAS
     assert reason(q, k, v, None, dict(indices=torch.zeros(2, 5, 3))) == unsupported.UNKNOWN_KWARG
     assert reason(q, k, v, None, dict(indices=None)) is None  # a keyword without a value changes nothing
-    assert reason(*qkv(v_head_dim=4), None, {}) is None  # served: the API pads it for the kernels (value_head_dim.py)
+    assert reason(*qkv(v_head_dim=4), None, {}) is None  # served: the ops take the pair (kernels/value_head_dim.py)
     assert reason(*qkv(seqlen_q=1, seqlen_k=9, v_head_dim=4), None, {}) is None  # a CPU decode step: API torch path
     assert reason(*qkv(head_dim=512), None, {}) == unsupported.HEAD_DIM
     assert reason(*qkv(v_head_dim=320), None, {}) == unsupported.HEAD_DIM
@@ -64,7 +64,7 @@ def test_reasons():
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, grad, want", [
-    (1, 9, False, unsupported.VALUE_HEAD_DIM),  # a decode step: the decode kernels take one head dim
+    (1, 9, False, unsupported.VALUE_HEAD_DIM),  # a decode step of a pair no decode kernel is built for
     (4, 9, False, unsupported.VALUE_HEAD_DIM),  # speculative decoding: still a decode step
     (5, 9, False, None),  # chunked prefill: the padded forward kernel
     (9, 9, False, None),  # prefill
