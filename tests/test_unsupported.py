@@ -77,6 +77,8 @@ def test_value_head_dim_reason_on_a_kernel_device(seqlen_q, seqlen_k, grad, want
     q.requires_grad_(grad)
     assert unsupported.fallback_reason(q, k, v, None, {}) == want
     assert unsupported.fallback_reason(*qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k), None, {}) is None  # one head dim
+    mla = qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=192, v_head_dim=128)  # DeepSeek-V3: a decode kernel's pair
+    assert unsupported.fallback_reason(*mla, None, {}) is None
 
 
 def left_padded(lengths, total):
