@@ -297,7 +297,8 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None
     """Write new tokens' K/V rows into their slots of a pool, in place: ``k_pool[slots[t]] = k_new[t]`` (and V).
 
     ``k_new``/``v_new`` ``(T, H_kv, D)``; pools ``(num_slots, H_kv, D)`` of the same dtype (views into a
-    larger cache are written where they are; V's rows may have a head dim ``D_v`` of their own, new and pool alike); ``slots`` int ``(T,)``. A negative slot skips its row
+    larger cache are written where they are; V's rows may have a head dim ``D_v`` of their own, new and pool
+    alike); ``slots`` int ``(T,)``. A negative slot skips its row
     (padding). Two rows with one slot leave one of them, unspecified which. ``check_inputs=False`` skips
     the check that every slot is below ``num_slots`` on CUDA (module docstring); unchecked, such rows
     are skipped. Without that check no path syncs with the host (CUDA-graph capturable), the torch

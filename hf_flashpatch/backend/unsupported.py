@@ -21,7 +21,8 @@ which warns once per reason and runs what the model would run under ``attn_imple
   runs (prefill, training, chunked prefill) is served on the kernels for any pair
   (:mod:`hf_flashpatch.kernels.value_head_dim`); a decode step of another pair is not, because padding the
   whole cache at every step would cost more than the attention. On CPU the API's torch path serves it
-  directly, and under ``torch.compile`` :mod:`.traced` runs its exact dense path, so neither comes here.
+  directly, and under ``torch.compile`` :mod:`.traced` calls the decode op, whose exact torch path serves
+  such a pair, so neither comes here.
 - ``4-D mask``: a mask the caller or the model built itself; ours is ``None`` or 2-D. -> sdpa, as is.
 
 sdpa cannot apply a softcap or sinks, so those always go to eager; dropout passes through. Both take the

@@ -40,8 +40,7 @@ class DecodeConfig:
     def __post_init__(self):
         if self.head_dim_v == self.head_dim:  # one spelling per build: the cache key
             object.__setattr__(self, "head_dim_v", None)
-        pair_ok = self.head_dim_v is None or (self.head_dim, self.head_dim_v) in VALUE_HEAD_DIM_PAIRS
-        if (self.head_dim_v is None and self.head_dim not in SUPPORTED_HEAD_DIMS) or not pair_ok:
+        if not DecodeConfig.served(self.head_dim, self.head_dim_v or self.head_dim):
             raise ValueError(f"no decode build for head dims {self.head_dim} / {self.head_dim_v or self.head_dim}")
 
     @staticmethod

@@ -47,6 +47,12 @@ def padded_head_dim(head_dim: int, head_dim_v: int, kernel_head_dims: tuple[int,
     return next((d for d in kernel_head_dims if d >= need), need)
 
 
+def _zero_padded(t: torch.Tensor, width: int) -> torch.Tensor:
+    """``t (..., d)`` with ``width - d`` zero columns appended; ``t`` itself when it is that wide already (F.pad
+    would copy it)."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
 def padded_attention(
     attend: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     q: torch.Tensor,
@@ -69,8 +75,7 @@ def padded_attention(
         raise ValueError(f"q and k must share a head dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     width = padded_head_dim(head_dim, head_dim_v, kernel_head_dims)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
-    q_p, k_p = F.pad(q, (0, width - head_dim)), F.pad(k, (0, width - head_dim))  # (..., H or H_kv, P)
-    v_p = F.pad(v, (0, width - head_dim_v))  # (..., H_kv, P)
+    q_p, k_p, v_p = (_zero_padded(t, width) for t in (q, k, v))  # (..., H or H_kv, P)
     out, lse = attend(q_p, k_p, v_p, softmax_scale=scale, **kwargs)  # out (..., H, P): columns D_v.. are 0
     return out[..., :head_dim_v].contiguous(), lse  # (..., H, D_v)
 
@@ -87,11 +92,9 @@ def padded_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(dq, dk, dv)`` of an attention whose v has a head dim of its own, by ``backward(dout', q', k', v',
     out')`` on zero-padded inputs of one head dim ``P`` (:func:`padded_head_dim` among ``kernel_head_dims``);
-    ``backward`` closes over the rest (lse, the explicit scale, masks). Returns contiguous gradients of q's, k's and v's shapes.
-    dout/out ``(..., H, D_v)``; see the module docstring for why the result is exact."""
+    ``backward`` closes over the rest (lse, the explicit scale, masks). Returns contiguous gradients of q's, k's
+    and v's shapes. dout/out ``(..., H, D_v)``; see the module docstring for why the result is exact."""
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     width = padded_head_dim(head_dim, head_dim_v, kernel_head_dims)
-    pad_qk = lambda t: F.pad(t, (0, width - head_dim))  # noqa: E731 - (..., H or H_kv, P)
-    pad_v = lambda t: F.pad(t, (0, width - head_dim_v))  # noqa: E731 - (..., H or H_kv, P)
-    dq, dk, dv = backward(pad_v(dout), pad_qk(q), pad_qk(k), pad_v(v), pad_v(out))  # each (..., P)
+    dq, dk, dv = backward(*(_zero_padded(t, width) for t in (dout, q, k, v, out)))  # each (..., P)
     return dq[..., :head_dim].contiguous(), dk[..., :head_dim].contiguous(), dv[..., :head_dim_v].contiguous()
