@@ -5,6 +5,7 @@
 #pragma once
 #include "fwd_softmax.cuh"
 #include "primitives.cuh"
+#include "tma.cuh"
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined"
@@ -21,8 +22,12 @@ namespace fwd {
 
 // The forward kernels' parameters, passed as one __grid_constant__ struct (read in place from the
 // kernel's parameter space). hf_flashpatch/kernels/sources.py reads the launch's packing from this
-// declaration (fields in launch order; one type per declaration, no nested pointers).
+// declaration (fields in launch order; one type per declaration, no nested pointers). The tensor maps come
+// first: their 64-byte alignment then costs no padding.
 struct FwdParams {
+  // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys), read by the warp-specialised
+  // Hopper body; zero bytes for the others.
+  TmaDescriptor k_tma, v_tma;
   const Elem* __restrict__ q;       // (B, S_q, H, D), varlen (T_q, H, D)
   const Elem* __restrict__ k;       // (B, S_k, H_kv, D), varlen (T_k, H_kv, D)
   const Elem* __restrict__ v;       // like k

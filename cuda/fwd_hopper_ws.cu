@@ -5,25 +5,27 @@
 // varlen, LSE): q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v), out (B, S_q, H, D_v), lse
 // (B, H, S_q) or (H, T_q). D_v = D, or multi-head latent attention's D = 192, D_v = 128.
 //
-// Warpgroup 0 (the producer, 24 registers per thread after setmaxnreg) copies the packed Q tile and then
-// key tile after key tile into a KV_STAGES-deep ring of 128-byte-swizzled tiles with cp.async. When a
-// tile has landed it fences the copies into the async proxy (fence.proxy.async) and arrives on that
-// slot's "full" mbarrier (128 arrivals); before reusing a slot it waits on the slot's "empty" mbarrier,
-// which every math warp arrives on once its products have read the tile. Warpgroups 1..NUM_WG (240
-// registers each) own 64 query rows each and run the key-loop step both Hopper bodies share
-// (consume_key_tile in fwd_hopper_common.cuh): S = Q K^T, soft-cap, mask, online softmax, O += P V, all on
-// wgmma. Without a block-wide barrier per tile the math warpgroups
-// drift apart, so one's softmax overlaps the other's products.
+// Warpgroup 0 (the producer, 24 registers per thread after setmaxnreg) copies the packed Q tile with
+// cp.async, and then one of its threads streams key tile after key tile into a KV_STAGES-deep ring of
+// 128-byte-swizzled tiles with the TMA (tma.cuh): per tile it arrives on the slot's "full" mbarrier announcing
+// the tile's bytes and issues one box per 64 columns of K and of V, which complete that barrier's phase as
+// they land. Before reusing a slot it waits on the slot's "empty" mbarrier, which every math warp arrives on
+// once its products have read the tile. Warpgroups 1..NUM_WG (240 registers each) own 64 query rows each and
+// run the key-loop step both Hopper bodies share (consume_key_tile in fwd_hopper_common.cuh): S = Q K^T,
+// soft-cap, mask, online softmax, O += P V, all on wgmma. Without a block-wide barrier per tile the math
+// warpgroups drift apart, so one's softmax overlaps the other's products.
 //
-// The producer declares tile i full only after issuing tile i + 2, so the ring needs three stages to keep
-// a landed tile ready while the math warpgroups work on the previous one.
+// The boxes never cross a sequence's end: a batched tensor map ends where the sequence does (rows past it
+// are zero-filled), and a varlen sequence's partial last key tile is copied by the producer's threads with
+// cp.async (zero-filling the rows past its end) before the TMA takes over.
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
-// NUM_WG (math warpgroups), KV_STAGES (>= 3), ELEM_BF16, HAS_MASK.
+// NUM_WG (math warpgroups), KV_STAGES (>= 2), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_common.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
+using namespace hfp::tma;
 
 namespace {
 
@@ -39,9 +41,10 @@ constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");
 constexpr int kMathWarps = kMathThreads / 32;
-constexpr int kMathBarrier = 1;  // named barrier among the math warpgroups (0 is __syncthreads)
+constexpr int kMathBarrier = 1;      // named barrier among the math warpgroups (0 is __syncthreads)
+constexpr int kProducerBarrier = 2;  // named barrier among the producer warpgroup's threads
 static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");
-static_assert(KV_STAGES >= 3, "the producer runs two tiles ahead: three ring stages");
+static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 
 }  // namespace
 
@@ -66,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < KV_STAGES; ++s) {
-      mbarrier_init(full_bars + 8 * s, kProducerThreads);
+      mbarrier_init(full_bars + 8 * s, 1);  // the producer thread's arrival (+ the bytes it announces)
       mbarrier_init(empty_bars + 8 * s, kMathWarps);
     }
   }
@@ -75,34 +78,51 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
+    // Every producer thread copies its share of the packed Q tile and, where the first key tile runs past a
+    // varlen sequence's end, of that tile (cp.async, zero-filling the rows past the sequence: a TMA box there
+    // would read the next sequence's keys, finite or not). Then thread 0 alone streams the rest.
+    const bool varlen = p.cu_seqlens_k != nullptr;
+    const int first_by_threads = varlen && num_tiles > 0 && n_block_max * BLOCK_N > seqlen_k ? 1 : 0;
     for_each_packed_chunk<HEAD_DIM, kBlockM, kProducerThreads>(
         tid, p0, packed_rows, group, [&](int row, int col, int pos, int head, bool valid) {
           const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
           cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) + sw128_offset(row, (col % 64) / 8), src,
                       valid);
         });
-    // Request tile i into ring slot i % KV_STAGES once the math warps released its previous tile.
-    auto request = [&](int i) {
-      if (i < num_tiles) {
-        const int slot = i % KV_STAGES;
-        if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
-        const int key0 = (n_block_max - 1 - i) * BLOCK_N;
-        load_kv_tile_sw128<HEAD_DIM, kProducerThreads, 2>(smem.k_ring + slot * kKBytes, tile.k_rows,
-                                                          p.k_seq_stride, key0, seqlen_k, tid);
-        load_kv_tile_sw128<HEAD_DIM_V, kProducerThreads, 2>(smem.v_ring + slot * kVBytes, tile.v_rows,
-                                                            p.v_seq_stride, key0, seqlen_k, tid);
-      }
-      cp_async_commit();  // one group per tile, empty or not, so the wait counts stay uniform
-    };
-    request(0);  // its group also carries Q
-    request(1);
-    for (int i = 0; i < num_tiles; ++i) {
-      cp_async_wait<1>();  // tile i landed (tile i + 1 may still be in flight)
-      fence_proxy_async_shared();
-      mbarrier_arrive(full_bars + 8 * (i % KV_STAGES));
-      request(i + 2);
+    if (first_by_threads) {
+      const int key0 = (n_block_max - 1) * BLOCK_N;
+      load_kv_tile_sw128<HEAD_DIM, kProducerThreads, 2>(smem.k_ring, tile.k_rows, p.k_seq_stride, key0, seqlen_k, tid);
+      load_kv_tile_sw128<HEAD_DIM_V, kProducerThreads, 2>(smem.v_ring, tile.v_rows, p.v_seq_stride, key0, seqlen_k,
+                                                          tid);
     }
+    cp_async_commit();
     cp_async_wait<0>();
+    fence_proxy_async_shared();  // the copies, for the tensor cores' reads
+    named_barrier_sync(kProducerBarrier, kProducerThreads);  // every producer thread's copies landed
+    if (tid != 0) return;
+    if (first_by_threads) mbarrier_arrive(full_bars);  // tile 0 (slot 0) is complete, and Q with it
+    // Tile i goes to ring slot i % KV_STAGES once the math warps released the tile before it there: one
+    // arrival announcing the slot's bytes, then a box per 64 columns of K and of V, landing on the same
+    // barrier. The first of them also publishes Q (the arrival follows the barrier above).
+    prefetch(p.k_tma);
+    prefetch(p.v_tma);
+    const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
+    const int row0 = static_cast<int>(tile.span.k_token0);
+    for (int i = first_by_threads; i < num_tiles; ++i) {
+      const int slot = i % KV_STAGES;
+      if (i >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (i / KV_STAGES - 1) & 1);
+      const int key_row = row0 + (n_block_max - 1 - i) * BLOCK_N;
+      const uint32_t full = full_bars + 8 * slot;
+      arrive_expect_bytes(full, kKBytes + kVBytes);
+#pragma unroll
+      for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
+        load_box(smem.k_ring + slot * kKBytes + sub * (BLOCK_N * kSubTileRowBytes), p.k_tma, sub * 64, tile.kv_head,
+                 key_row, batch, full);
+#pragma unroll
+      for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
+        load_box(smem.v_ring + slot * kVBytes + sub * (BLOCK_N * kSubTileRowBytes), p.v_tma, sub * 64, tile.kv_head,
+                 key_row, batch, full);
+    }
     return;
   }
 

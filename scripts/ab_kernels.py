@@ -12,7 +12,7 @@ the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
-  d128, causal and not; forward d64 causal;
+  d128, causal and not; d64 causal;
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -50,15 +50,15 @@ def _cases(torch, hfp):
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
-    for causal in (False, True):
-        q, k, v = (rand(4, 4096, 16, 128).requires_grad_() for _ in range(3))
-        grad = rand(4, 4096, 16, 128)
+    for d, causal in [(128, False), (128, True), (64, True)]:
+        q, k, v = (rand(4, 4096, 16, d).requires_grad_() for _ in range(3))
+        grad = rand(4, 4096, 16, d)
         out = hfp.flash_attn_func(q, k, v, causal=causal)
 
         def backward(out=out, q=q, k=k, v=v, grad=grad):
             return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
 
-        cases[f"bwd d128 4x4k {'causal' if causal else 'full'}"] = (backward, None)
+        cases[f"bwd d{d} 4x4k {'causal' if causal else 'full'}"] = (backward, None)
     batch, length = 64, 4096
     q = rand(batch, 1, 32, 128)
     k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)

@@ -176,47 +176,36 @@ def _arch() -> str:
 
 
 def _candidate_shapes() -> dict:
-    """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each)."""
+    """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each): the Hopper
+    bodies, plain and warp-specialised with two or three ring stages."""
     from hf_flashpatch.kernels.heuristics import TileShape
 
-    return {
-        64: (
-            TileShape(block_m=128, block_n=128, num_warps=4),
-            TileShape(block_m=128, block_n=64, num_warps=4),
-            TileShape(block_m=128, block_n=64, num_warps=4, qk_prefetch=True),
-            TileShape(block_m=128, block_n=64, num_warps=4, q_in_registers=True),
-            TileShape(block_m=128, block_n=64, num_warps=4, kv_stages=3),
-            TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
-        ),
-        128: (
-            TileShape(block_m=128, block_n=64, num_warps=4),
-            TileShape(block_m=128, block_n=32, num_warps=4),
-            TileShape(block_m=128, block_n=32, num_warps=4, qk_prefetch=True),
-            TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3),
-            TileShape(block_m=128, block_n=32, num_warps=4, kv_stages=3, qk_prefetch=True),
-            TileShape(block_m=128, block_n=64, num_warps=8, q_in_registers=True),
-            TileShape(block_m=128, block_n=64, num_warps=8, wgmma=True),
-            TileShape(block_m=64, block_n=128, num_warps=4, wgmma=True),
-        ),
-    }
+    hopper = (
+        TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
+        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=2, wgmma=True, warp_specialized=True),
+        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True),
+    )
+    return {64: hopper, 128: hopper}
 
 
-def sweep_tiles(results: list, seqlen: int = 4096) -> None:
-    """Time every candidate tile shape (and the default) at one seqlen, causal and not."""
+def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
+    """Time every candidate tile shape (the default among them) at 16k tokens per batch, causal and not."""
     from hf_flashpatch.kernels.heuristics import forward_tile_shape
 
-    for head_dim, shapes in _candidate_shapes().items():
-        batch, heads, q, k, v = _inputs(seqlen, head_dim)
-        for causal in (False, True):
-            reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
-            for shape in shapes:
-                fn = _ours(q, k, v, causal, shape)
-                max_diff = (fn()[0].float() - reference).abs().max().item()
-                ms = _time_ms(fn)
-                results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape), head_dim=head_dim,
-                                    seqlen=seqlen, causal=causal, default=shape == forward_tile_shape(head_dim, _arch(), has_mask=causal),
-                                    value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s",
-                                    max_abs_diff_vs_sdpa_flash=max_diff))  # fmt: skip
+    for seqlen in seqlens:
+        for head_dim, shapes in _candidate_shapes().items():
+            batch, heads, q, k, v = _inputs(seqlen, head_dim)
+            for causal in (False, True):
+                reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
+                for shape in shapes:
+                    fn = _ours(q, k, v, causal, shape)
+                    max_diff = (fn()[0].float() - reference).abs().max().item()
+                    ms = _time_ms(fn)
+                    default = shape == forward_tile_shape(head_dim, _arch(), has_mask=causal)
+                    results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape),
+                                        head_dim=head_dim, seqlen=seqlen, causal=causal, default=default,
+                                        value=_tflops(batch, heads, seqlen, head_dim, causal, ms), unit="TFLOP/s",
+                                        max_abs_diff_vs_sdpa_flash=max_diff))  # fmt: skip
 
 
 def _shape_name(shape) -> str:
@@ -241,7 +230,7 @@ def _print(rows: list) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="seqlens 2k and 16k only, FlexAttention at d128 2k only")
-    parser.add_argument("--sweep", action="store_true", help="also time the candidate tile shapes at seqlen 4k")
+    parser.add_argument("--sweep", action="store_true", help="also time the candidate tile shapes at seqlens 4k and 16k")
     args = parser.parse_args()
     rows: list = []
     if args.sweep:

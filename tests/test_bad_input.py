@@ -332,19 +332,20 @@ def _ptx_params(build, entries):
     ptx = _compile(build, (cuda_source_dir() / build.source).read_text(), "")
     found = {}
     for m in re.finditer(r"\.entry (\w+)\(([^)]*)\)", ptx):
-        struct_param = re.fullmatch(r"\s*\.param \.align 8 \.b8 \w+\[(\d+)\]\s*", m.group(2))
+        struct_param = re.fullmatch(r"\s*\.param \.align \d+ \.b8 \w+\[(\d+)\]\s*", m.group(2))
         found[m.group(1)] = ("struct", int(struct_param.group(1))) if struct_param else \
             re.findall(r"\.param \.(\w+)", m.group(2))  # fmt: skip
     return {name: found[name] for name in entries}
 
 
 def _field_offsets(fmt: str) -> list[int]:
-    """Byte offset of each field of a :mod:`struct` format with ``0q`` / ``0i`` alignment markers."""
+    """Byte offset of each field of a :mod:`struct` format with ``0q`` / ``0i`` alignment markers and ``Nx``
+    padding."""
     import struct
 
     offsets, prefix = [], "@"
-    for token in re.findall(r"0[qi]|[PqiIf]", fmt):
-        if not token.startswith("0"):
+    for token in re.findall(r"0[qi]|\d+x|\d+s|[PqiIf]", fmt):  # Nx: padding, 128s: a tensor map's bytes
+        if not (token.startswith("0") or token.endswith("x")):
             offsets.append(struct.calcsize(prefix + token) - struct.calcsize("@" + token))
         prefix += token
     return offsets
@@ -398,7 +399,7 @@ def test_kernel_argument_lists_match_the_cuda_signatures():
             structs_checked.add(family)
             type_name, header = _PARAM_STRUCTS[family]
             checks = [f"static_assert(sizeof({type_name}) == {struct.calcsize('@' + signature.format)}, \"size\");"]
-            sizes = [struct.calcsize("@" + letter) for letter in signature.letters]
+            sizes = [128 if letter == "T" else struct.calcsize("@" + letter) for letter in signature.letters]
             checks += [f"static_assert(offsetof({type_name}, {name}) == {offset} && "
                        f"sizeof((({type_name}*)nullptr)->{name}) == {size}, \"{name}\");"
                        for name, offset, size in zip(signature.names, _field_offsets(signature.format), sizes)]  # fmt: skip

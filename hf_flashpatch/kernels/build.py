@@ -37,7 +37,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import kernel_cache
-from .cubin_symbols import read_int32
+from .cubin_symbols import first_parameter_offset, read_int32
 from .sources import Signature, cuda_source_dir, entry_source, kernel_signature
 
 _log = logging.getLogger(__name__)
@@ -263,9 +263,10 @@ class Kernel:
     """A loaded kernel entry point. Its argument letters come from its parameters in the CUDA source
     (:func:`~hf_flashpatch.kernels.sources.kernel_signature`; a ``__grid_constant__`` parameter struct
     counts as its fields, in order): ``P`` pointer (a tensor, or None for a null pointer), ``i`` int32,
-    ``I`` uint32, ``q`` int64, ``f`` float32. They make a :mod:`struct` format, so the argument buffer is
-    packed in one call with the C ABI's natural alignment, which is how CUDA lays out kernel parameters
-    and struct fields (a struct's padding included)."""
+    ``I`` uint32, ``q`` int64, ``f`` float32, ``T`` a tensor map's bytes. They make a :mod:`struct` format,
+    so the argument buffer is packed in one call with the C ABI's natural alignment, which is how CUDA lays
+    out kernel parameters and struct fields (a struct's padding included), from the offset the cubin gives
+    the first parameter (:func:`~hf_flashpatch.kernels.cubin_symbols.first_parameter_offset`)."""
 
     def __init__(self, build: KernelBuild, entry: str, device_index: int):
         self.build, self.entry, self.device_index = build, entry, device_index
@@ -279,6 +280,7 @@ class Kernel:
                 raise KernelUnsupported(f"the driver cannot load {build.source} ({build.arch}): {exc}") from exc
             self.function = self.module.get_function(entry)
         self.shared_bytes = shared_bytes_of(cubin, entry)
+        self._leading = bytes(first_parameter_offset(cubin, entry))  # a 64-byte aligned struct starts past 0
         limit = getattr(torch.cuda.get_device_properties(device_index), "shared_memory_per_block_optin", None)
         if limit is not None and self.shared_bytes > limit:  # e.g. Ada's 99 KB: the tiles are sized for Hopper
             raise KernelUnsupported(f"{entry} ({build.source} {dict(build.defines)}) needs {self.shared_bytes} bytes "
@@ -287,6 +289,7 @@ class Kernel:
         self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
 
     def set_signature(self, signature: Signature) -> None:
+        self._leading = b""
         self.arg_types = signature.letters
         self.packer = struct.Struct("@" + signature.format)
         self.pointer_positions = tuple(i for i, letter in enumerate(signature.letters) if letter == "P")
@@ -299,7 +302,7 @@ class Kernel:
         for i in self.pointer_positions:
             value = values[i]
             values[i] = 0 if value is None else value.data_ptr() if isinstance(value, torch.Tensor) else value
-        return self.packer.pack(*values)
+        return self._leading + self.packer.pack(*values)
 
     def __call__(self, grid, block, *args, shared_bytes: int = 0, tensors=()):
         """Launch on torch's current stream. ``tensors``: every tensor the kernel touches (kept alive

@@ -24,7 +24,9 @@ packed into the rows of one query tile, so each K/V tile is loaded once per grou
 What the kernel does not serve raises :class:`~hf_flashpatch.errors.KernelUnsupported` (the public
 API then takes the torch fallback): dtypes other than fp16/bf16, head dims outside
 {32, 64, 96, 128, 256} (or a q/k, v pair that no kernel head dim holds), mismatched q/k/v dtypes or devices. Inputs whose strides or base address
-are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path).
+are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path); so are k
+and v where the warp-specialised body streams them with the TMA and the driver cannot map their layout
+(a broadcast head dim with stride 0, :mod:`.tma`).
 The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
 """
 
@@ -35,7 +37,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import KernelUnsupported
-from . import forward_torch
+from . import forward_torch, tma
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel
 from .heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, native_value_head_dim
@@ -101,7 +103,7 @@ class ForwardConfig:
             (dims in ((64, 64), (128, 128)) or (dims in HOPPER_VALUE_HEAD_DIM_SHAPES and self.warp_specialized))
             and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
             and self.block_m == 64 * math_warpgroups
-            and self.kv_stages >= (3 if self.warp_specialized else 2)
+            and self.kv_stages >= 2
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
             and not (self.warp_specialized and math_warpgroups != 2)
         )  # fmt: skip
@@ -206,6 +208,18 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if ok else t.contiguous()
 
 
+def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
+    """``(k, v, k_tma, v_tma)``: the tensor maps the warp-specialised body streams K and V with (empty for the
+    other bodies). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
+    if not config.warp_specialized:
+        return k, v, tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR
+    try:
+        return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
+    except tma.TmaUnsupported:
+        k, v = k.contiguous(), v.contiguous()
+        return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
+
+
 # --------------------------------------------------------------------------------------- launch
 
 
@@ -258,10 +272,11 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
 
     kernel = get_kernel(config.build(arch), config.entry, q.device)
+    k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
     kernel(
         grid, (config.threads, 1, 1),
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        k_tma, v_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read

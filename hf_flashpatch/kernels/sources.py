@@ -7,15 +7,17 @@ parameter struct that every kernel of the family takes as its only parameter
 The launch side derives the argument letters that :class:`~hf_flashpatch.kernels.build.Kernel` packs
 from that text, so the two cannot drift apart. Letters (a :mod:`struct` format, the C ABI's natural
 alignment, which is also how CUDA lays out kernel parameters and struct fields): ``P`` any pointer,
-``q`` a 64-bit integer, ``i`` an ``int``, ``I`` an ``unsigned``, ``f`` a ``float``. A struct's fields are
-flattened in order (a nested struct's with dotted names), with the padding C puts before a nested struct
-and after the last field.
+``q`` a 64-bit integer, ``i`` an ``int``, ``I`` an ``unsigned``, ``f`` a ``float``, ``T`` a TMA tensor map
+(``TmaDescriptor``, ``cuda/tma.cuh``: 128 bytes aligned to 64, packed from :mod:`~hf_flashpatch.kernels.tma`'s
+bytes). A struct's fields are flattened in order (a nested struct's with dotted names), with the padding C
+puts before a nested struct or a tensor map and after the last field.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import struct
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,6 +33,7 @@ def cuda_source_dir() -> Path:
 
 
 _LETTERS = (  # (pattern on the parameter's type, letter), first match wins
+    (re.compile(r"\bTmaDescriptor\b"), "T"),
     (re.compile(r"\*"), "P"),
     (re.compile(r"\b(int64_t|long long|long)\b"), "q"),
     (re.compile(r"\b(unsigned|uint32_t)\b"), "I"),
@@ -76,7 +79,14 @@ def _entry_pattern(entry: str) -> re.Pattern:
                       + r"\s*\(")  # fmt: skip
 
 
-_SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4}
+_SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4, "T": 64}  # the alignment of each letter's C type
+_FORMATS = {"T": "128s"}  # a tensor map packs as its bytes; the other letters are struct formats themselves
+
+
+def _aligned_to(fmt: str, alignment: int) -> str:
+    """Padding bytes (a ``struct`` format) that bring ``fmt``'s size to a multiple of ``alignment``."""
+    pad = -struct.calcsize("@" + fmt) % alignment
+    return f"{pad}x" if pad else ""
 
 
 def _matching_brace(text: str, start: int) -> int:
@@ -124,15 +134,20 @@ def _struct_fields(name: str, prefix: str = "") -> tuple[list[str], str, str, in
                 n, l, f, a = _struct_fields(nested.group(1), f"{prefix}{field}.")
                 names += n
                 letters += l
-                fmt += ("0q" if a == 8 else "0i") + f  # C aligns a nested struct to its widest field
+                fmt += (_aligned_to(fmt, a) if a > 8 else "0q" if a == 8 else "0i") + f  # C aligns a nested
+                # struct to its widest field
                 align = max(align, a)
             else:
                 letter = _letter(field_type + " " + part[: -len(field)])
                 names.append(prefix + field)
                 letters += letter
-                fmt += letter
+                if letter in _FORMATS:
+                    fmt += _aligned_to(fmt, _SIZES[letter]) + _FORMATS[letter]
+                else:
+                    fmt += letter
                 align = max(align, _SIZES[letter])
-    return names, letters, fmt + ("0q" if align == 8 else "0i"), align  # tail padding to the alignment
+    tail = _aligned_to(fmt, align) if align > 8 else ("0q" if align == 8 else "0i")
+    return names, letters, fmt + tail, align  # tail padding to the alignment
 
 
 @functools.lru_cache(maxsize=None)

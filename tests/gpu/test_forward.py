@@ -29,17 +29,23 @@ SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024), (4224, 4224), (128, 217),
 HEADS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
 
 
-@pytest.fixture(autouse=True, params=["shipped", "mma"])
+@pytest.fixture(autouse=True, params=["shipped", "mma", "ws"])
 def forward_variant(request, monkeypatch):
     """Every test runs with the shipped tile choice and, on Hopper at the head dims the wgmma bodies serve,
-    once more with the portable mma.sync body forced (the shape passed explicitly, as benchmarks do)."""
+    once more with the portable mma.sync body forced (the shape passed explicitly, as benchmarks do), and
+    with the warp-specialised body forced where the shipped choice is another body (unmasked d64)."""
     body = request.param
     head_dim = getattr(request.node, "callspec", None) and request.node.callspec.params.get("head_dim")
     arch = device_arch(torch.device("cuda"))
+    if body != "shipped" and (arch != "sm_90a" or (head_dim or 128) not in HOPPER_SHAPES):
+        pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
     if body == "mma":
-        if arch != "sm_90a" or (head_dim or 128) not in HOPPER_SHAPES:
-            pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
         monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: mma_tile_shape(d))
+    elif body == "ws":
+        shipped = HOPPER_SHAPES[head_dim or 128]
+        if not isinstance(shipped, tuple) or shipped[0].warp_specialized:
+            pytest.skip(f"the shipped run already takes the warp-specialised body for head dim {head_dim or 128}")
+        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: shipped[1])
     return body
 
 
@@ -56,7 +62,7 @@ def test_body_is_the_one_launched(forward_variant, monkeypatch):
     out, lse = _run(q, k, v, causal=True)
     _check(out, lse, q, k, v, causal=True)
     shipped = forward_tile_shape(128, device_arch(torch.device("cuda")), has_mask=True)
-    expected = "fwd_hopper_ws.cu" if forward_variant == "shipped" and shipped.warp_specialized else "fwd.cu"
+    expected = "fwd_hopper_ws.cu" if forward_variant != "mma" and shipped.warp_specialized else "fwd.cu"
     assert launched and launched[-1][0] == expected, launched
 
 
@@ -218,6 +224,47 @@ def test_varlen(heads, causal, window):
     unseen = torch.isneginf(lse_ref)
     assert torch.equal(torch.isneginf(lse), unseen)
     torch.testing.assert_close(lse[~unseen], lse_ref[~unseen], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_keys_of_other_sequences_never_leak(head_dim, causal):
+    """A key tile that runs past its sequence's end holds zeros, not the next sequence's keys: NaN in one
+    sequence's K/V (and in rows past the last sequence) leaves every other sequence's output exact. The
+    warp-specialised body streams whole tiles with the TMA, so that tile is the one it copies itself."""
+    seqlens = [113, 239, 70, 1023]
+    cu = torch.tensor([0] + seqlens, device="cuda").cumsum(0).int()
+    total = sum(seqlens)
+    q = torch.randn(total, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total + 50, 2, head_dim, device="cuda", dtype=torch.bfloat16)  # 50 rows past the last sequence
+    v = torch.randn(total + 50, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    poisoned = slice(cu[1].item(), cu[2].item())  # the second sequence
+    for t in (k, v):
+        t[poisoned] = float("nan")
+        t[total:] = float("nan")
+    out, lse = _run(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seqlens),
+                    max_seqlen_k=max(seqlens))  # fmt: skip
+    for i in (0, 2, 3):
+        s0, s1 = cu[i].item(), cu[i + 1].item()
+        alone, alone_lse = _run(q[None, s0:s1], k[None, s0:s1], v[None, s0:s1], causal=causal)
+        assert torch.isfinite(out[s0:s1]).all(), f"sequence {i} read another sequence's NaN keys"
+        torch.testing.assert_close(out[s0:s1], alone[0], atol=0, rtol=0)  # the batched run of the sequence alone
+        torch.testing.assert_close(lse[:, s0:s1], alone_lse[0], atol=0, rtol=0)
+    assert out[poisoned].isnan().all()
+
+
+def test_broadcast_kv_heads_are_read_from_a_copy():
+    """K/V expanded over their heads (stride 0: no tensor map describes it) give the materialised result."""
+    q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k1 = torch.randn(2, 300, 1, 128, device="cuda", dtype=torch.bfloat16)
+    v1 = torch.randn(2, 300, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = k1.expand(-1, -1, 2, -1), v1.expand(-1, -1, 2, -1)  # (B, S, 2, D), head stride 0
+    assert k.stride(2) == 0
+    out, lse = _run(q, k, v, causal=True)
+    expected, expected_lse = _run(q, k.contiguous(), v.contiguous(), causal=True)
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)
+    torch.testing.assert_close(lse, expected_lse, atol=0, rtol=0)
+    _check(out, lse, q, k, v, causal=True)
 
 
 def test_side_stream():

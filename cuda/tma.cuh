@@ -1,0 +1,51 @@
+// hf_flashpatch: the Tensor Memory Accelerator (TMA, sm_90): tiles copied from global to shared memory by one
+// instruction of one thread, completing on an mbarrier. One concept: "how a tile gets into shared memory
+// without the threads copying it"; which tiles move is the kernel's business.
+//
+// A copy is described by a tensor map (CUtensorMap, 128 opaque bytes) that the host encodes
+// (hf_flashpatch/kernels/tma.py: cuTensorMapEncodeTiled) and passes by value inside the kernel's
+// __grid_constant__ parameter struct. The maps this project encodes are rank 4, (columns, heads, rows, batch)
+// with the columns contiguous: a (batch, rows, heads, columns) tensor, or a varlen (tokens, heads, columns)
+// one with a batch of 1. A box is 64 columns (128 bytes) x 1 head x `rows` rows x 1 batch, written with the
+// 128-byte swizzle: exactly one SW128 sub-tile of hopper.cuh (row r's 16-byte chunk c at c ^ (r % 8)), so a
+// box lands where cp.async would have put it. Rows past the tensor's end are zero-filled.
+#pragma once
+#include <stdint.h>
+
+namespace hfp {
+
+// A host-encoded tensor map, as the kernel receives it (the layout of CUtensorMap; 64-byte alignment is what
+// the copy instructions require of it).
+struct alignas(64) TmaDescriptor {
+  uint64_t opaque[16];
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+namespace tma {
+
+// Fetch the descriptor into the TMA unit's cache ahead of the first copy (a hint).
+__device__ __forceinline__ void prefetch(const TmaDescriptor& desc) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&desc)) : "memory");
+}
+
+// Arrive on `bar` and add `bytes` to the transaction count its phase waits for: the phase completes once
+// every expected arrival happened and that many bytes of copies naming `bar` have landed.
+__device__ __forceinline__ void arrive_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Copy the box at (column, head, row, batch) of `desc`'s tensor to shared address `dst` (1024-byte aligned
+// for the swizzle), signalling its bytes on `bar`.
+__device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc, int column, int head, int row,
+                                         int batch, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&desc)), "r"(column), "r"(head), "r"(row), "r"(batch), "r"(bar)
+      : "memory");
+}
+
+}  // namespace tma
+#endif
+
+}  // namespace hfp

@@ -1,0 +1,69 @@
+"""CPU checks of the TMA plumbing (``hf_flashpatch/kernels/tma.py``, ``cuda/tma.cuh``): the tensor-map
+geometry the host encodes for K/V ``(B, S, H, D)`` and varlen ``(T, H, D)``, the refusals that send the
+forward to contiguous copies, and where the launch puts a parameter struct that holds a 64-byte aligned
+descriptor (the offset read from the cubin, checked against ``cuobjdump``). The encode itself needs the
+driver and runs in the GPU tests."""
+
+import re
+import shutil
+import struct
+import subprocess
+
+import pytest
+import torch
+
+from hf_flashpatch.kernels import forward, tma
+from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
+from hf_flashpatch.kernels.cubin_symbols import first_parameter_offset
+from hf_flashpatch.kernels.sources import kernel_signature
+
+
+def test_geometry_of_batched_transposed_and_varlen_tensors():
+    k = torch.empty(2, 300, 4, 128, dtype=torch.bfloat16)  # (B, S, H, D)
+    assert tma.map_geometry(k, 128) == ((128, 4, 300, 2), (256, 1024, 300 * 1024), (64, 1, 128, 1))
+    hf = torch.empty(2, 4, 300, 128, dtype=torch.bfloat16).transpose(1, 2)  # transformers' view
+    assert tma.map_geometry(hf, 64) == ((128, 4, 300, 2), (300 * 256, 256, 4 * 300 * 256), (64, 1, 64, 1))
+    varlen = torch.empty(77, 1, 64, dtype=torch.float16)  # (T, H, D): one head, a batch of one
+    dims, strides, _ = tma.map_geometry(varlen, 128)
+    assert dims == (64, 1, 77, 1) and strides == (128, 128, 77 * 128)  # size-1 dims: the contiguous strides
+
+
+def test_layouts_no_map_describes_are_refused_by_name():
+    with pytest.raises(tma.TmaUnsupported, match="contiguous columns"):
+        tma.map_geometry(torch.empty(2, 30, 4, 64).transpose(2, 3), 64)
+    broadcast = torch.empty(1, 30, 1, 64, dtype=torch.bfloat16).expand(-1, -1, 4, -1)  # head stride 0
+    with pytest.raises(tma.TmaUnsupported, match=r"strides \(1920, 64, 0, 1\)"):
+        tma.descriptor(broadcast, 64)
+    with pytest.raises(tma.TmaUnsupported, match="float32"):
+        tma.descriptor(torch.empty(1, 30, 4, 64), 64)
+
+
+def test_the_forward_parameter_struct_packs_the_descriptors_first():
+    signature = kernel_signature("fwd_hopper_ws.cu", "hfp_attention_forward_sm90_ws")
+    assert signature.names[:3] == ("k_tma", "v_tma", "q") and signature.letters[:3] == "TTP"
+    assert struct.calcsize("@" + signature.format) % 64 == 0  # C pads the struct to its 64-byte alignment
+    packed = struct.pack("@" + signature.format, b"\1" * 128, b"\2" * 128, *[0] * (len(signature.letters) - 2))
+    assert packed[:256] == b"\1" * 128 + b"\2" * 128
+
+
+def _cuobjdump_parameter_offset(cubin: bytes, entry: str, tmp_path) -> int:
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    elf = subprocess.run([shutil.which("cuobjdump"), "-elf", str(path)], capture_output=True, text=True).stdout
+    section = elf[elf.index(f".nv.info.{entry}"):]
+    return int(re.search(r"EIATTR_KPARAM_INFO.*?Ordinal\s*:\s*0x0\s+Offset\s*:\s*(0x[0-9a-f]+)", section, re.S).group(1), 16)
+
+
+@pytest.mark.skipif(find_nvcc() is None or shutil.which("cuobjdump") is None, reason="needs nvcc and cuobjdump")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_launch_starts_the_parameter_struct_where_the_cubin_puts_it(arch, tmp_path):
+    """The forward struct holds 64-byte aligned descriptors, so its place in the parameter bank is aligned
+    past the bank's start: the launch must leave those bytes empty (it read 48 bytes too early once)."""
+    entries = {"fwd.cu": forward._ENTRY, "fwd_hopper.cu": forward._ENTRY_SM90,
+               "fwd_hopper_ws.cu": forward._ENTRY_SM90_WS}  # fmt: skip
+    for build in {b.source: b for b in forward.all_builds(arch)}.values():
+        entry = entries[build.source]
+        cubin, _ = compile_cubin(build)
+        offset = first_parameter_offset(cubin, entry)
+        assert offset == _cuobjdump_parameter_offset(cubin, entry, tmp_path), (arch, build.source)
+        assert offset % 16 == 0 and offset < 64
