@@ -1,4 +1,4 @@
-// hf_flashpatch forward: what every forward body (fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu) shares before
+// hf_flashpatch forward: what both forward bodies (fwd.cu, fwd_hopper_ws.cu) share before
 // its main loop: the element type, the kernel parameters, the rows of the sequence a CTA works on,
 // and the key tiles one query tile can see. Layout: q (B, S_q, H, D), k/v (B, S_k, H_kv, D); varlen
 // packs sequences along the token dim (batch strides unused) with cu_seqlens (num_seqs + 1,).

@@ -1,7 +1,7 @@
 // hf_flashpatch: warp-specialised Hopper forward kernel (sm_90a): a producer warpgroup streams K/V,
 // NUM_WG math warpgroups compute, and no block-wide barrier sits in the key loop.
 //
-// Same contract as cuda/fwd.cu and cuda/fwd_hopper.cu (same arguments, layouts, masks, GQA packing,
+// Same contract as cuda/fwd.cu (same arguments, layouts, masks, GQA packing,
 // varlen, LSE): q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v), out (B, S_q, H, D_v), lse
 // (B, H, S_q) or (H, T_q). D_v = D, or multi-head latent attention's D = 192, D_v = 128.
 //
@@ -11,7 +11,7 @@
 // the tile's bytes and issues one box per 64 columns of K and of V, which complete that barrier's phase as
 // they land. Before reusing a slot it waits on the slot's "empty" mbarrier, which every math warp arrives on
 // once its products have read the tile. Warpgroups 1..NUM_WG (240 registers each) own 64 query rows each and
-// run the key-loop step both Hopper bodies share (consume_key_tile in fwd_hopper_common.cuh): S = Q K^T,
+// run the key-loop step (consume_key_tile in fwd_hopper_step.cuh): S = Q K^T,
 // soft-cap, mask, online softmax, O += P V, all on wgmma. Without a block-wide barrier per tile the math
 // warpgroups drift apart, so one's softmax overlaps the other's products.
 //
@@ -21,7 +21,7 @@
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), ELEM_BF16, HAS_MASK.
-#include "fwd_hopper_common.cuh"
+#include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
@@ -147,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     if (lane == 0) mbarrier_arrive(empty_bars + 8 * slot);  // this warp is done with the slot
   }
 
-  // ---- epilogue (fwd_hopper_common.cuh): normalise, LSE, stage in shared memory, 16-byte stores
+  // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, stage in shared memory, 16-byte stores
   store_output(rows, p, tile, smem_raw, smem, warp_row0, g, t, [] { named_barrier_sync(kMathBarrier, kMathThreads); },
                kProducerThreads);
 }

@@ -12,7 +12,7 @@ the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
-  d128, causal and not; d64 causal;
+  d128, causal and not; d64 (forward: causal and not; backward: causal);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -46,7 +46,7 @@ def _cases(torch, hfp):
         return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
 
     cases = {}
-    for d, causal in [(128, False), (128, True), (64, True)]:
+    for d, causal in [(128, False), (128, True), (64, False), (64, True)]:
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")

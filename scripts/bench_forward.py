@@ -177,13 +177,12 @@ def _arch() -> str:
 
 def _candidate_shapes() -> dict:
     """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each): the Hopper
-    bodies, plain and warp-specialised with two or three ring stages."""
+    body with two or three ring stages."""
     from hf_flashpatch.kernels.heuristics import TileShape
 
     hopper = (
-        TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True),
-        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=2, wgmma=True, warp_specialized=True),
-        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True),
+        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=2, wgmma=True),
+        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True),
     )
     return {64: hopper, 128: hopper}
 
@@ -211,7 +210,6 @@ def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
 def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
     name += "-wgmma" if shape.wgmma else ""
-    name += "-ws" if shape.warp_specialized else ""
     return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
 
 

@@ -378,8 +378,7 @@ def test_kernel_argument_lists_match_the_cuda_signatures():
     ]  # fmt: skip
     seen = set()
     for build in forward.all_builds():
-        entry = {"fwd.cu": forward._ENTRY, "fwd_hopper.cu": forward._ENTRY_SM90,
-                 "fwd_hopper_ws.cu": forward._ENTRY_SM90_WS}[build.source]  # fmt: skip
+        entry = {"fwd.cu": forward._ENTRY, "fwd_hopper_ws.cu": forward._ENTRY_SM90_WS}[build.source]
         if entry not in seen:
             seen.add(entry)
             cases.append((build, (entry,)))

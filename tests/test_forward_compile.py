@@ -26,8 +26,7 @@ ALL_COMPILED = BUILDS + all_builds("sm_80")  # Hopper's bodies, and the mma.sync
 # pointer per key tile from local memory (notes/forward.md). Listed exactly, so a new or larger spill fails.
 KNOWN_SPILLS = {("sm_80", 64, False): (12, 16), ("sm_80", 64, True): (12, 16)}
 SMEM_OPT_IN_LIMIT = 232448  # bytes of dynamic shared memory per block on H100/H200
-ENTRIES = {"fwd.cu": "hfp_attention_forward", "fwd_hopper.cu": "hfp_attention_forward_sm90",
-           "fwd_hopper_ws.cu": "hfp_attention_forward_sm90_ws"}  # fmt: skip
+ENTRIES = {"fwd.cu": "hfp_attention_forward", "fwd_hopper_ws.cu": "hfp_attention_forward_sm90_ws"}
 
 
 def _ptxas_numbers(report: str) -> dict[str, int]:
@@ -119,21 +118,22 @@ def test_all_builds_cover_every_dtype_head_dim_and_mask():
         return defines["ELEM_BF16"], defines["HEAD_DIM"], defines.get("HEAD_DIM_V"), defines["HAS_MASK"]
 
     configs = {key(b) for b in BUILDS}
-    # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, wgmma (plain or warp-specialised)
-    # at d64/d128; and the warp-specialised body at q/k 192 with v 128 (multi-head latent attention)
+    # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, the warp-specialised wgmma body at
+    # d64/d128 and at q/k 192 with v 128 (multi-head latent attention)
     pairs = len(HOPPER_VALUE_HEAD_DIM_SHAPES)
     assert len(BUILDS) == len(configs) == (len(SUPPORTED_HEAD_DIMS) + pairs) * 2 * 2
     assert {(d, d_v) for _, d, d_v, _ in configs if d_v not in (None, d)} == {
         (str(d), str(d_v)) for d, d_v in HOPPER_VALUE_HEAD_DIM_SHAPES}
-    assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper.cu", "fwd_hopper_ws.cu"}
+    assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper_ws.cu"}
     assert {b.source for b in all_builds("sm_80")} == {"fwd.cu"}
 
 
-def test_hopper_shape_is_warp_specialised_except_unmasked_d64():
-    for head_dim, has_mask in ((128, False), (128, True), (64, True)):
-        assert forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask).warp_specialized, (head_dim, has_mask)
-    plain_d64 = forward_tile_shape(64, "sm_90a", has_mask=False)
-    assert plain_d64.wgmma and not plain_d64.warp_specialized
+def test_hopper_shape_has_a_producer_warpgroup_and_two_math_warpgroups():
+    for head_dim in (64, 128):
+        for has_mask in (False, True):
+            shape = forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask)
+            assert shape.wgmma and shape.num_warps == 12 and shape.block_m == 128, (head_dim, has_mask)
+            assert ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape).build("sm_90a").source == "fwd_hopper_ws.cu"
     assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
@@ -161,7 +161,7 @@ def test_config_rejects_bad_tiles():
     with pytest.raises(ValueError, match="invalid tile"):
         ForwardConfig(head_dim=64, dtype="bf16", block_m=96, block_n=64, num_warps=4)
     with pytest.raises(ValueError, match="invalid wgmma tile"):
-        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True, warp_specialized=True)
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)  # no producer
     with pytest.raises(ValueError, match="invalid wgmma tile"):
         ForwardConfig(head_dim=96, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)
 

@@ -61,7 +61,7 @@ def test_every_kernel_parameter_list_is_read_from_the_sources():
         assert len(signature.names) == len(signature.letters) > 0 and len(set(signature.names)) == len(signature.names)
         assert set(signature.letters) <= set("PqiIfT") and sources.entry_source(entry) == source
     forward_lists = {sources.kernel_signature(entries[e], e) for e in entries if e.startswith("hfp_attention_forward")}
-    assert len(forward_lists) == 1  # fwd.cu, fwd_hopper.cu, fwd_hopper_ws.cu: FwdParams
+    assert len(forward_lists) == 1  # fwd.cu, fwd_hopper_ws.cu: FwdParams
     assert sources.kernel_signature("bwd.cu", "bwd_dkdv") == sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
     assert sources.kernel_signature("decode.cu", "hfp_decode_split") == sources.kernel_signature(
         "decode.cu", "hfp_decode_combine")  # DecodeParams

@@ -273,11 +273,11 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
 
 def test_native_pair_configs():
     cfg = forward.ForwardConfig.for_problem(192, "bf16", True, arch="sm_90a", head_dim_v=128)
-    assert cfg.warp_specialized and cfg.value_dim == 128 and cfg.block_n == 64
+    assert cfg.wgmma and cfg.value_dim == 128 and cfg.block_n == 64
     assert forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_90a", head_dim_v=128).head_dim_v is None
     with pytest.raises(ValueError, match="192 / 128 on sm_80"):
         forward.ForwardConfig.for_problem(192, "bf16", True, arch="sm_80", head_dim_v=128)
-    with pytest.raises(ValueError, match="invalid wgmma tile"):  # the plain Hopper body takes one head dim
+    with pytest.raises(ValueError, match="invalid wgmma tile"):  # no producer warpgroup
         forward.ForwardConfig(192, "bf16", 128, 64, 8, wgmma=True, head_dim_v=128)
     with pytest.raises(ValueError, match="one head dim"):
         forward.ForwardConfig(64, "bf16", 128, 64, 4, head_dim_v=32)

@@ -1,6 +1,6 @@
 """FlashAttention forward kernels as the custom op ``hf_flashpatch::attention_forward``: ``cuda/fwd.cu``
-(mma.sync, every sm_80+ GPU and head dim) and, on Hopper at head dims 64/128, ``cuda/fwd_hopper.cu``
-(wgmma) and ``cuda/fwd_hopper_ws.cu`` (wgmma, warp-specialised); which body serves a call is decided in
+(mma.sync, every sm_80+ GPU and head dim) and, on Hopper at head dims 64/128 (and 192/128),
+``cuda/fwd_hopper_ws.cu`` (wgmma, warp-specialised, K/V by TMA); which body serves a call is decided in
 :mod:`hf_flashpatch.kernels.heuristics`.
 
 Layouts (flash-attn's):
@@ -47,7 +47,6 @@ SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
-_ENTRY_SM90 = "hfp_attention_forward_sm90"  # same arguments
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | ScoreScale (3 floats)
 
@@ -66,8 +65,7 @@ class ForwardConfig:
     qk_prefetch: bool = False
     ctas_per_sm: int = 1
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
-    wgmma: bool = False  # Hopper body (cuda/fwd_hopper.cu): block_m = 64 per warpgroup of 4 warps
-    warp_specialized: bool = False  # wgmma body only: + a producer warpgroup (in num_warps) streaming K/V
+    wgmma: bool = False  # Hopper body (cuda/fwd_hopper_ws.cu): a producer warpgroup + 64 rows per math warpgroup
     head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
 
     @property
@@ -80,8 +78,6 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.warp_specialized:
-            raise ValueError(f"warp_specialized is a wgmma-body option, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -97,21 +93,19 @@ class ForwardConfig:
         if self.dtype not in ("bf16", "fp16"):
             raise ValueError(f"dtype must be 'bf16' or 'fp16', got {self.dtype!r}")
         warpgroups, rest = divmod(self.num_warps, 4)
-        math_warpgroups = warpgroups - int(self.warp_specialized)
+        math_warpgroups = warpgroups - 1  # the first is the producer
         dims = (self.head_dim, self.value_dim)
         ok = (
-            (dims in ((64, 64), (128, 128)) or (dims in HOPPER_VALUE_HEAD_DIM_SHAPES and self.warp_specialized))
-            and self.block_n in (64, 128) and rest == 0 and math_warpgroups >= 1
+            (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
+            and self.block_n in (64, 128) and rest == 0 and math_warpgroups == 2
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
-            and not (self.warp_specialized and math_warpgroups != 2)
         )  # fmt: skip
         if not ok:
-            raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or, warp-specialised, "
-                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128, block_m = 64 per math warpgroup, "
-                             f"num_warps % 4 == 0, 3 stages with warp specialisation, warp specialisation with "
-                             f"2 math warpgroups), got {self}")  # fmt: skip
+            raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128, a producer "
+                             f"warpgroup and 2 math warpgroups of 64 rows, >= 2 stages), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -122,14 +116,12 @@ class ForwardConfig:
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, warp_specialized=shape.warp_specialized, head_dim_v=head_dim_v,
+            wgmma=shape.wgmma, head_dim_v=head_dim_v,
         )  # fmt: skip
 
     @property
     def entry(self) -> str:
-        if self.warp_specialized:
-            return _ENTRY_SM90_WS
-        return _ENTRY_SM90 if self.wgmma else _ENTRY
+        return _ENTRY_SM90_WS if self.wgmma else _ENTRY
 
     @property
     def threads(self) -> int:
@@ -139,15 +131,14 @@ class ForwardConfig:
         if self.wgmma:
             if arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
-            math_warpgroups = self.num_warps // 4 - int(self.warp_specialized)
+            math_warpgroups = self.num_warps // 4 - 1
             defines = (
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
                 ("NUM_WG", math_warpgroups),
                 ("KV_STAGES", self.kv_stages),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
-            source = "fwd_hopper_ws.cu" if self.warp_specialized else "fwd_hopper.cu"
-            return KernelBuild(source, tuple((name, str(value)) for name, value in defines), arch)
+            return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
             ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),
@@ -209,9 +200,9 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
-    """``(k, v, k_tma, v_tma)``: the tensor maps the warp-specialised body streams K and V with (empty for the
-    other bodies). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
-    if not config.warp_specialized:
+    """``(k, v, k_tma, v_tma)``: the tensor maps the Hopper body streams K and V with (empty for the mma.sync
+    body). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
+    if not config.wgmma:
         return k, v, tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR
     try:
         return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)

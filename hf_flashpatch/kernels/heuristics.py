@@ -8,7 +8,7 @@ level. Benchmarks and tests that need another configuration pass it explicitly t
 (``forward._launch(..., shape)``, ``backward._kernel_backward(cfg, ...)``). Why each choice won, with
 its results folder: ``notes/``.
 
-- forward: :func:`forward_tile_shape` (``cuda/fwd.cu``, ``cuda/fwd_hopper.cu``, ``cuda/fwd_hopper_ws.cu``);
+- forward: :func:`forward_tile_shape` (``cuda/fwd.cu``, ``cuda/fwd_hopper_ws.cu``);
 - backward: :func:`backward_tiles` (``cuda/bwd.cu`` with ``bwd_default.cuh`` / ``bwd_tiled.cuh`` /
   ``bwd_hopper.cuh``);
 - decode: :func:`choose_num_splits` and :func:`ctas_per_sm` (``cuda/decode.cu``; its compile-time
@@ -21,9 +21,9 @@ Forward tiles: q ``(batch, seqlen_q, heads, head_dim)``, k/v ``(batch, seqlen_k,
 A CTA computes ``block_m`` packed query rows (query positions x the query heads of one GQA group)
 against ``block_n`` keys per step; each warp owns ``block_m / num_warps`` rows, i.e.
 ``block_m / (16 * num_warps)`` m16n8k16 m-tiles. Two bodies: ``mma`` (``fwd.cu``, mma.sync m16n8k16,
-any sm_80+ GPU, every head dim) and, on Hopper (sm_90a) at head dims 64 and 128, ``wgmma``: warpgroup
-MMA, 64 rows per warpgroup, either ``fwd_hopper.cu`` (``block_m = 64 * num_warps / 4``) or the
-warp-specialised ``fwd_hopper_ws.cu`` (a producer warpgroup streaming K/V, counted in ``num_warps``).
+any sm_80+ GPU, every head dim) and, on Hopper (sm_90a) at head dims 64 and 128 (and 192 / 128),
+``wgmma``: the warp-specialised ``fwd_hopper_ws.cu``, warpgroup MMA on two math warpgroups of 64 rows and
+a producer warpgroup streaming K/V with the TMA (counted in ``num_warps``: ``block_m = 64 * (num_warps / 4 - 1)``).
 Every shipped shape compiles without register spills (``tests/test_*_compile.py``).
 """
 
@@ -44,25 +44,21 @@ class TileShape:
     q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
     qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
-    wgmma: bool = False  # the Hopper body (fwd_hopper.cu); num_warps = 4 per 64-row warpgroup
-    warp_specialized: bool = False  # wgmma body: a producer warpgroup (counted in num_warps) streams K/V
+    wgmma: bool = False  # the Hopper body (fwd_hopper_ws.cu): 4 warps per 64-row math warpgroup + 4 producer warps
 
 
-# The Hopper bodies (head dims 64 and 128 on sm_90a): two consumer warpgroups x 64 rows, 128-key tiles.
-_WGMMA = TileShape(block_m=128, block_n=128, num_warps=8, wgmma=True)
-_WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True)
-# head dim -> shape, or (shape without masking, shape with causal / window masking):
-# - d128: the warp-specialised body (a producer warpgroup + two math warpgroups, mbarrier hand-off, 3 stages),
-#   fastest masked or not;
-# - d64: the plain body (one product at a time, double-buffered K/V) unmasked, where the producer warpgroup
-#   does not pay for itself; the warp-specialised body masked.
-HOPPER_SHAPES: dict[int, TileShape | tuple[TileShape, TileShape]] = {64: (_WGMMA, _WGMMA_WS), 128: _WGMMA_WS}
+# The Hopper body (head dims 64 and 128 on sm_90a), masked or not: a producer warpgroup (TMA) + two math
+# warpgroups x 64 rows, 128-key tiles, a 3-stage K/V ring. With the TMA producer it also serves unmasked d64,
+# where it beat the plain wgmma body as that body stood (deleted; notes/forward.md has the lead on what that
+# body had lost: its second CTA per SM).
+_WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True)
+HOPPER_SHAPES: dict[int, TileShape] = {64: _WGMMA_WS, 128: _WGMMA_WS}
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
 # 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
 # 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/kernels/value_head_dim.py).
 HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
-    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, warp_specialized=True),
+    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True),
 }
 
 
@@ -81,8 +77,7 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
             raise ValueError(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
         return HOPPER_VALUE_HEAD_DIM_SHAPES[(head_dim, head_dim_v)]
     if arch == "sm_90a" and head_dim in HOPPER_SHAPES:
-        shape = HOPPER_SHAPES[head_dim]
-        return shape[int(has_mask)] if isinstance(shape, tuple) else shape
+        return HOPPER_SHAPES[head_dim]
     return mma_tile_shape(head_dim)
 
 

@@ -29,23 +29,17 @@ SEQLENS = [(1, 1), (113, 203), (239, 1), (1023, 1024), (4224, 4224), (128, 217),
 HEADS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
 
 
-@pytest.fixture(autouse=True, params=["shipped", "mma", "ws"])
+@pytest.fixture(autouse=True, params=["shipped", "mma"])
 def forward_variant(request, monkeypatch):
-    """Every test runs with the shipped tile choice and, on Hopper at the head dims the wgmma bodies serve,
-    once more with the portable mma.sync body forced (the shape passed explicitly, as benchmarks do), and
-    with the warp-specialised body forced where the shipped choice is another body (unmasked d64)."""
+    """Every test runs with the shipped tile choice and, on Hopper at the head dims the wgmma body serves,
+    once more with the portable mma.sync body forced (the shape passed explicitly, as benchmarks do)."""
     body = request.param
     head_dim = getattr(request.node, "callspec", None) and request.node.callspec.params.get("head_dim")
     arch = device_arch(torch.device("cuda"))
-    if body != "shipped" and (arch != "sm_90a" or (head_dim or 128) not in HOPPER_SHAPES):
-        pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
     if body == "mma":
+        if arch != "sm_90a" or (head_dim or 128) not in HOPPER_SHAPES:
+            pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
         monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: mma_tile_shape(d))
-    elif body == "ws":
-        shipped = HOPPER_SHAPES[head_dim or 128]
-        if not isinstance(shipped, tuple) or shipped[0].warp_specialized:
-            pytest.skip(f"the shipped run already takes the warp-specialised body for head dim {head_dim or 128}")
-        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: shipped[1])
     return body
 
 
@@ -62,7 +56,7 @@ def test_body_is_the_one_launched(forward_variant, monkeypatch):
     out, lse = _run(q, k, v, causal=True)
     _check(out, lse, q, k, v, causal=True)
     shipped = forward_tile_shape(128, device_arch(torch.device("cuda")), has_mask=True)
-    expected = "fwd_hopper_ws.cu" if forward_variant != "mma" and shipped.warp_specialized else "fwd.cu"
+    expected = "fwd_hopper_ws.cu" if forward_variant == "shipped" and shipped.wgmma else "fwd.cu"
     assert launched and launched[-1][0] == expected, launched
 
 

@@ -1,6 +1,6 @@
-// hf_flashpatch: what the Hopper forward kernels share (fwd_hopper.cu: every warp loads and computes;
-// fwd_hopper_ws.cu: a producer warpgroup loads, the others compute). Compile-time configuration and
-// layouts as described in fwd_hopper.cu: q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v),
+// hf_flashpatch: the parts of the Hopper forward kernel (fwd_hopper_ws.cu) that are not its warp roles: the
+// shared-memory tiles, the K/V tile copy by threads, the math warpgroups' key-loop step and the epilogue.
+// Compile-time configuration and layouts as described in fwd_hopper_ws.cu: q (B, S_q, H, D), k (B, S_k, H_kv, D), v (B, S_k, H_kv, D_v),
 // out (B, S_q, H, D_v), SW128 shared tiles. D = HEAD_DIM, D_v = HEAD_DIM_V: equal (64 or 128), or
 // multi-head latent attention's 192 / 128 (DeepSeek-V3).
 #pragma once
@@ -46,10 +46,10 @@ __device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uin
   else hfp::sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, desc_b, 1);
 }
 
-// The shared-memory tiles of both Hopper bodies, from the 1024-byte aligned base (the swizzle atoms need
+// The kernel's shared-memory tiles, from the 1024-byte aligned base (the swizzle atoms need
 // it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring of
 // KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
-// where a body's own data may follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
+// where the kernel's own data (its mbarriers) follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
 struct SharedTiles {
   uint32_t raw;  // the shared address of smem_raw itself (generic pointers = smem_raw + (address - raw))
   uint32_t q_tile, k_ring, v_ring, end;
@@ -159,11 +159,11 @@ struct MathRows {
   }
 };
 
-// The key loop's step, the one both Hopper bodies run: key tile key0 (K and V already in the ring slot
+// The key loop's step of a math warpgroup: key tile key0 (K and V already in the ring slot
 // the descriptors name) against this warpgroup's 64 rows. S = Q K^T, soft-cap, mask (boundary tiles
 // only), online softmax in base 2, O += P V, both products on wgmma. row: the packed row of this thread's
-// first accumulator row (p0 + warp_row0 + g); t: lane % 4. The bodies differ only in how a tile arrives
-// in its slot and how the slot is released.
+// first accumulator row (p0 + warp_row0 + g); t: lane % 4. How a tile arrives in its slot and how the slot
+// is released is the kernel's business.
 template <bool kWindowed>
 __device__ __forceinline__ void consume_key_tile(MathRows& rows, const hfp::fwd::FwdParams& p,
                                                  const hfp::fwd::QueryTile& tile, int key0, int row, int t,
@@ -206,7 +206,7 @@ __device__ __forceinline__ int fresh_thread_index() {
   return index;
 }
 
-// The epilogue both bodies run once every math warp is past the ring (sync_math(): a barrier over the
+// The epilogue the math warps run once every math warp is past the ring (sync_math(): a barrier over the
 // kMathThreads threads that own rows): normalise, write each row's LSE, stage the tile in shared memory
 // over the K ring (padded rows) and store it with 16-byte writes. math_thread: this thread's index among
 // them, read afresh (fresh_thread_index) so the compiler does not keep the prologue's addresses alive.
