@@ -66,3 +66,22 @@ def test_launch_starts_the_parameter_struct_where_the_cubin_puts_it(arch, tmp_pa
         offset = first_parameter_offset(cubin, entry)
         assert offset == _cuobjdump_parameter_offset(cubin, entry, tmp_path), (arch, build.source)
         assert offset % 16 == 0 and offset < 64
+
+
+def test_no_keys_need_no_map_and_an_unmappable_copy_is_refused_by_name(monkeypatch):
+    """Empty K/V: the kernel issues no copy, so no map is encoded (the driver refuses a dim of 0). A layout the
+    driver refuses even as a contiguous copy raises KernelUnsupported (the torch fallback then serves)."""
+    from hf_flashpatch.errors import KernelUnsupported
+
+    config = forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_90a")
+    assert config.wgmma
+
+    def refuse(t, rows):
+        raise tma.TmaUnsupported(f"refused {tuple(t.shape)}")
+
+    monkeypatch.setattr(tma, "descriptor", refuse)
+    empty = torch.empty(2, 0, 4, 128, dtype=torch.bfloat16)
+    assert forward._tensor_maps(config, empty, empty)[2:] == (tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR)
+    k = torch.empty(2, 30, 4, 128, dtype=torch.bfloat16)
+    with pytest.raises(KernelUnsupported, match=r"cannot map k/v for the TMA: refused \(2, 30, 4, 128\)"):
+        forward._tensor_maps(config, k, k)

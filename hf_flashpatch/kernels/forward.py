@@ -202,13 +202,16 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
     """``(k, v, k_tma, v_tma)``: the tensor maps the Hopper body streams K and V with (empty for the mma.sync
     body). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
-    if not config.wgmma:
+    if not config.wgmma or k.numel() == 0:  # no keys: the kernel issues no copy (and a map cannot be empty)
         return k, v, tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR
     try:
         return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
     except tma.TmaUnsupported:
         k, v = k.contiguous(), v.contiguous()
+    try:
         return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
+    except tma.TmaUnsupported as exc:  # the torch fallback serves the call
+        raise KernelUnsupported(f"the Hopper forward cannot map k/v for the TMA: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------- launch
