@@ -48,7 +48,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-# q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right | ScoreScale (3 floats)
+# FwdParams: k_tma v_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
+# ScoreScale (3 floats) | total_q total_k
 
 
 @dataclass(frozen=True)
