@@ -22,6 +22,9 @@
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
+#ifndef FWD_PINGPONG
+#define FWD_PINGPONG 1  // WIP A/B switch (the tree exports set it): math warpgroups take turns issuing
+#endif
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
@@ -43,6 +46,8 @@ static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThre
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;      // named barrier among the math warpgroups (0 is __syncthreads)
 constexpr int kProducerBarrier = 2;  // named barrier among the producer warpgroup's threads
+constexpr int kTurnBarrier = 3;      // 3, 4: the math warpgroups' issue turns (ping-pong)
+constexpr bool kPingPong = FWD_PINGPONG != 0;
 static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 
@@ -138,14 +143,29 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
 
   MathRows rows;
   rows.init();
-  for (int i = 0; i < num_tiles; ++i) {
+  // Ring slot i % KV_STAGES holds tile i.
+  auto wait_tile = [&](int i) -> uint32_t {
     const int slot = i % KV_STAGES;
     mbarrier_wait(full_bars + 8 * slot, (i / KV_STAGES) & 1);
-    consume_key_tile<kWindowed>(rows, p, tile, (n_block_max - 1 - i) * BLOCK_N, p0 + warp_row0 + g, t, desc.q_rows,
-                                desc.k_ring.plus(slot * kKBytes), desc.v_ring.plus(slot * kVBytes));
+    return slot;
+  };
+  auto release = [&](int i) {
     __syncwarp();
-    if (lane == 0) mbarrier_arrive(empty_bars + 8 * slot);  // this warp is done with the slot
+    if (lane == 0) mbarrier_arrive(empty_bars + 8 * (i % KV_STAGES));  // this warp is done with the slot
+  };
+  // Ping-pong (kPingPong): the two math warpgroups take turns issuing their products, so one's softmax runs
+  // while the other's products occupy the tensor cores. Barrier kTurnBarrier + w: warpgroup w's turn.
+  auto issue_turn = [&] {
+    if constexpr (kPingPong) named_barrier_sync(kTurnBarrier + warpgroup, kMathThreads);
+  };
+  auto issued = [&] {
+    if constexpr (kPingPong) named_barrier_arrive(kTurnBarrier + (1 - warpgroup), kMathThreads);
+  };
+  if constexpr (kPingPong) {
+    if (warpgroup == 1) named_barrier_arrive(kTurnBarrier, kMathThreads);  // warpgroup 0 issues first
   }
+  overlapped_key_loop<kWindowed>(rows, p, tile, p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
+                                 [&](int i) { return wait_tile(i); }, release, issue_turn, issued);
 
   // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, stage in shared memory, 16-byte stores
   store_output(rows, p, tile, smem_raw, smem, warp_row0, g, t, [] { named_barrier_sync(kMathBarrier, kMathThreads); },
