@@ -159,61 +159,23 @@ struct MathRows {
   }
 };
 
-// The key loop's step of a math warpgroup: key tile key0 (K and V already in the ring slot
-// the descriptors name) against this warpgroup's 64 rows. S = Q K^T, soft-cap, mask (boundary tiles
-// only), online softmax in base 2, O += P V, both products on wgmma. row: the packed row of this thread's
-// first accumulator row (p0 + warp_row0 + g); t: lane % 4. How a tile arrives in its slot and how the slot
-// is released is the kernel's business.
-template <bool kWindowed>
-__device__ __forceinline__ void consume_key_tile(MathRows& rows, const hfp::fwd::FwdParams& p,
-                                                 const hfp::fwd::QueryTile& tile, int key0, int row, int t,
-                                                 hfp::sm90::SteppedDescriptor q_rows, hfp::sm90::SteppedDescriptor k_tile,
-                                                 hfp::sm90::SteppedDescriptor v_tile) {
+// A math warpgroup's key loop over its 64 rows: per key tile S = Q K^T, soft-cap, mask (boundary tiles
+// only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
+// tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) and the previous tile's P V are
+// issued back to back, S(i) is retired first and exponentiated while P V still runs, then O is rescaled
+// and P(i) packed. Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1)
+// retires before S(i) is issued. `wait_tile(i)` waits until tile i is in its ring slot and returns the slot
+// (K at k_ring + slot * kKBytes, V at v_ring + slot * kVBytes); `release(i)` hands slot i back once both of
+// its products retired. row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
+// t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
+// compiler from touching registers a wgmma owns between its issue and its wait.
+template <bool kWindowed, typename WaitTile, typename Release>
+__device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
+                                         int row, int t, hfp::sm90::SteppedDescriptor q_rows,
+                                         hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
+                                         WaitTile wait_tile, Release release) {
   using namespace hfp::sm90;
-  float scores[1][kNT][4];
-  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(rows.acc_o);
-  uint32_t probs[BLOCK_N / 16][4];
-  float correction[1][2];
-  // Each product is its own wgmma group (fence, MMAs, commit), retired before its registers are touched;
-  // the operand fences keep the compiler from reusing the registers a wgmma reads after its issue.
-  fence_operands(s_flat);
-  wgmma_fence();
-  issue_scores(s_flat, q_rows, k_tile);
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(s_flat);
-
-  if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
-  if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
-    hfp::fwd::apply_mask<kWindowed>(scores, key0 + 2 * t, row, tile.group, tile.shifts, tile.span.seqlen_k);
-  const bool max_moved = rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
-  rows.softmax.rescale(rows.acc_o, correction, max_moved);
-  pack_probabilities(probs, scores);
-
-  fence_operands(o_flat);
-  wgmma_fence();
-  issue_pv(o_flat, probs, v_tile);
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(o_flat);
-  fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-}
-
-// The key loop with the softmax of tile i overlapping O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): per
-// tile, S(i) = Q K(i)^T and the previous tile's P V are issued back to back; S(i) is retired first and
-// exponentiated while P V still runs; then O is rescaled and P(i) packed. `wait_tile(i)` waits until tile i is
-// in its ring slot and returns the slot (K at k_ring + slot * kKBytes, V at v_ring + slot * kVBytes); `release(i)`
-// hands slot i back once both of its products retired; `issue_turn()` / `issued()` bracket the issue of each
-// tile's products (the ping-pong of the math warpgroups, or nothing). row / t as in consume_key_tile.
-template <bool kWindowed, typename WaitTile, typename Release, typename IssueTurn, typename Issued>
-__device__ __forceinline__ void overlapped_key_loop(MathRows& rows, const hfp::fwd::FwdParams& p,
-                                                    const hfp::fwd::QueryTile& tile, int row, int t,
-                                                    hfp::sm90::SteppedDescriptor q_rows,
-                                                    hfp::sm90::SteppedDescriptor k_ring,
-                                                    hfp::sm90::SteppedDescriptor v_ring, WaitTile wait_tile,
-                                                    Release release, IssueTurn issue_turn, Issued issued) {
-  using namespace hfp::sm90;
+  constexpr bool kOverlap = OVERLAP_SOFTMAX != 0;
   const int num_tiles = tile.keys.num_tiles, n_block_max = tile.keys.n_block_max;
   if (num_tiles == 0) return;
   float scores[1][kNT][4];
@@ -221,58 +183,63 @@ __device__ __forceinline__ void overlapped_key_loop(MathRows& rows, const hfp::f
   float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(rows.acc_o);
   uint32_t probs[BLOCK_N / 16][4];
   float correction[1][2];
-  auto softmax_of = [&](int i) -> bool {  // soft-cap, mask (boundary tiles only), exponentiate scores of tile i
+  auto softmax_of = [&](int i) -> bool {  // soft-cap, mask, exponentiate the scores of tile i
     const int key0 = (n_block_max - 1 - i) * BLOCK_N;
     if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
     if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)
       hfp::fwd::apply_mask<kWindowed>(scores, key0 + 2 * t, row, tile.group, tile.shifts, tile.span.seqlen_k);
     return rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
   };
+  auto issue_pv_of = [&](uint32_t slot) {  // O += P V(slot) as its own group
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(o_flat, probs, v_ring.plus(slot * kVBytes));
+    wgmma_commit();
+  };
+  auto retire_pv = [&](int i) {  // wait for O += P(i) V(i), then hand slot i back
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
+    release(i);
+  };
 
   uint32_t slot = wait_tile(0);
-  issue_turn();
   fence_operands(s_flat);
   wgmma_fence();
   issue_scores(s_flat, q_rows, k_ring.plus(slot * kKBytes));
   wgmma_commit();
-  issued();
   wgmma_wait<0>();
   fence_operands(s_flat);
   rows.softmax.rescale(rows.acc_o, correction, softmax_of(0));
   pack_probabilities(probs, scores);
   uint32_t previous = slot;
   for (int i = 1; i < num_tiles; ++i) {
+    if constexpr (!kOverlap) {
+      issue_pv_of(previous);
+      retire_pv(i - 1);
+    }
     slot = wait_tile(i);
-    issue_turn();
     fence_operands(s_flat);
     fence_operands(o_flat);
     wgmma_fence();
     issue_scores(s_flat, q_rows, k_ring.plus(slot * kKBytes));
     wgmma_commit();
-    issue_pv(o_flat, probs, v_ring.plus(previous * kVBytes));
-    wgmma_commit();
-    issued();
-    wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
+    if constexpr (kOverlap) {
+      issue_pv(o_flat, probs, v_ring.plus(previous * kVBytes));
+      wgmma_commit();
+      wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
+    } else {
+      wgmma_wait<0>();
+    }
     fence_operands(s_flat);
     const bool max_moved = softmax_of(i);
-    wgmma_wait<0>();
-    fence_operands(o_flat);
-    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-    release(i - 1);
+    if constexpr (kOverlap) retire_pv(i - 1);
     rows.softmax.rescale(rows.acc_o, correction, max_moved);
     pack_probabilities(probs, scores);
     previous = slot;
   }
-  issue_turn();
-  fence_operands(o_flat);
-  wgmma_fence();
-  issue_pv(o_flat, probs, v_ring.plus(previous * kVBytes));
-  wgmma_commit();
-  issued();
-  wgmma_wait<0>();
-  fence_operands(o_flat);
-  fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-  release(num_tiles - 1);
+  issue_pv_of(previous);
+  retire_pv(num_tiles - 1);
 }
 
 __device__ __forceinline__ int fresh_thread_index() {

@@ -10,21 +10,19 @@
 // 128-byte-swizzled tiles with the TMA (tma.cuh): per tile it arrives on the slot's "full" mbarrier announcing
 // the tile's bytes and issues one box per 64 columns of K and of V, which complete that barrier's phase as
 // they land. Before reusing a slot it waits on the slot's "empty" mbarrier, which every math warp arrives on
-// once its products have read the tile. Warpgroups 1..NUM_WG (240 registers each) own 64 query rows each and
-// run the key-loop step (consume_key_tile in fwd_hopper_step.cuh): S = Q K^T,
-// soft-cap, mask, online softmax, O += P V, all on wgmma. Without a block-wide barrier per tile the math
-// warpgroups drift apart, so one's softmax overlaps the other's products.
+// once its products have read the tile. Warpgroups 1..NUM_WG (240 registers each; 160 with three at d64) own
+// 64 query rows each and run the key loop (key_loop in fwd_hopper_step.cuh): S = Q K^T, soft-cap, mask,
+// online softmax, O += P V, all on wgmma, with each tile's softmax under the previous tile's P V. Without a
+// block-wide barrier per tile the math warpgroups also drift apart, so one's softmax overlaps the other's
+// products.
 //
 // The boxes never cross a sequence's end: a batched tensor map ends where the sequence does (rows past it
 // are zero-filled), and a varlen sequence's partial last key tile is copied by the producer's threads with
 // cp.async (zero-filling the rows past its end) before the TMA takes over.
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
-// NUM_WG (math warpgroups), KV_STAGES (>= 2), ELEM_BF16, HAS_MASK.
+// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
-#ifndef FWD_PINGPONG
-#define FWD_PINGPONG 1  // WIP A/B switch (the tree exports set it): math warpgroups take turns issuing
-#endif
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
@@ -38,17 +36,16 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // at 168 registers per thread (65536 / 384, rounded down to a multiple of 8), so the split must fit
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
 // 192-wide K rows take the producer more addresses (three sub-tiles): 32 / 232 there, 24 / 240 otherwise.
+// Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 24 + 3 x 160.
 constexpr int kProducerRegisters = HEAD_DIM == 192 ? 32 : 24;
-constexpr int kMathRegisters = HEAD_DIM == 192 ? 232 : 240;
+constexpr int kMathRegisters = NUM_WG == 3 ? 160 : HEAD_DIM == 192 ? 232 : 240;
 constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;      // named barrier among the math warpgroups (0 is __syncthreads)
 constexpr int kProducerBarrier = 2;  // named barrier among the producer warpgroup's threads
-constexpr int kTurnBarrier = 3;      // 3, 4: the math warpgroups' issue turns (ping-pong)
-constexpr bool kPingPong = FWD_PINGPONG != 0;
-static_assert(NUM_WG == 2, "the register split above assumes two math warpgroups");
+static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgroups, or three at head dim 64");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 
 }  // namespace
@@ -153,19 +150,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     __syncwarp();
     if (lane == 0) mbarrier_arrive(empty_bars + 8 * (i % KV_STAGES));  // this warp is done with the slot
   };
-  // Ping-pong (kPingPong): the two math warpgroups take turns issuing their products, so one's softmax runs
-  // while the other's products occupy the tensor cores. Barrier kTurnBarrier + w: warpgroup w's turn.
-  auto issue_turn = [&] {
-    if constexpr (kPingPong) named_barrier_sync(kTurnBarrier + warpgroup, kMathThreads);
-  };
-  auto issued = [&] {
-    if constexpr (kPingPong) named_barrier_arrive(kTurnBarrier + (1 - warpgroup), kMathThreads);
-  };
-  if constexpr (kPingPong) {
-    if (warpgroup == 1) named_barrier_arrive(kTurnBarrier, kMathThreads);  // warpgroup 0 issues first
-  }
-  overlapped_key_loop<kWindowed>(rows, p, tile, p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
-                                 [&](int i) { return wait_tile(i); }, release, issue_turn, issued);
+  key_loop<kWindowed>(rows, p, tile, p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring, wait_tile, release);
 
   // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, stage in shared memory, 16-byte stores
   store_output(rows, p, tile, smem_raw, smem, warp_row0, g, t, [] { named_barrier_sync(kMathBarrier, kMathThreads); },

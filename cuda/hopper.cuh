@@ -106,10 +106,6 @@ __device__ __forceinline__ void registers_increase() {
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrive at barrier `id` without waiting (the other side of a named_barrier_sync over `threads` threads).
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Keep the compiler from moving reads or writes of wgmma accumulators across the asynchronous
 // window (between issue and wait the hardware owns those registers).

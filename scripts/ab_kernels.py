@@ -3,7 +3,7 @@
     python scripts/ab_kernels.py --tree base=/path/to/old/checkout --tree head=. [--rounds 3] [--only REGEX]
 
 Checks that a refactor of the kernel layer changed neither results nor speed. Each round starts one
-worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in alternating
+worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in rotating
 order; every worker times the same cases and saves its outputs. After every round (so a run cut short
 keeps the rounds it finished) a table prints the median time per case and tree, the ratio to the first
 tree, and the largest difference of the outputs from the first tree's (0 where the kernels are the same:
@@ -12,7 +12,7 @@ the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
-  d128, causal and not; d64 (forward: causal and not; backward: causal);
+  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at q/k 192, v 128, causal;
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -50,6 +50,8 @@ def _cases(torch, hfp):
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+    q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
+    cases["fwd d192/128 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
     for d, causal in [(128, False), (128, True), (64, True)]:
         q, k, v = (rand(4, 4096, 16, d).requires_grad_() for _ in range(3))
         grad = rand(4, 4096, 16, d)
@@ -142,7 +144,9 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="ab_kernels_"))
     runs = {name: [] for name, _ in trees}
     for round_ in range(args.rounds):
-        order = trees if round_ % 2 == 0 else trees[::-1]
+        # each round starts one tree later, so over len(trees) rounds every tree takes every position once
+        # (the GPU warms over a round: a fixed order favours the first tree)
+        order = trees[round_ % len(trees):] + trees[:round_ % len(trees)]
         for name, path in order:
             out = str(scratch / f"{name}_{round_}.json")
             env = dict(os.environ, HF_FLASHPATCH_CACHE=str(scratch / f"cache_{name}"))

@@ -177,14 +177,17 @@ def _arch() -> str:
 
 def _candidate_shapes() -> dict:
     """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each): the Hopper
-    body with two or three ring stages."""
+    body with two or three math warpgroups (three at d64 only), two or three ring stages, and with each tile's
+    softmax overlapping the previous tile's P V or after it."""
     from hf_flashpatch.kernels.heuristics import TileShape
 
-    hopper = (
-        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=2, wgmma=True),
-        TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True),
-    )
-    return {64: hopper, 128: hopper}
+    def hopper(block_m, stages, overlap):
+        return TileShape(block_m=block_m, block_n=128, num_warps=4 * (block_m // 64 + 1), kv_stages=stages,
+                         wgmma=True, overlap_softmax=overlap)  # fmt: skip
+
+    two = tuple(hopper(128, s, o) for s, o in ((2, False), (3, False), (3, True)))
+    three = tuple(hopper(192, s, o) for s, o in ((2, False), (3, False), (3, True)))
+    return {64: two + three, 128: two}
 
 
 def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
@@ -196,6 +199,10 @@ def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
             batch, heads, q, k, v = _inputs(seqlen, head_dim)
             for causal in (False, True):
                 reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
+                cudnn_ms = _time_ms(_sdpa(q, k, v, causal, "cudnn"))
+                results.append(dict(part="forward", panel="tile sweep", series="sdpa cudnn", head_dim=head_dim,
+                                    seqlen=seqlen, causal=causal,
+                                    value=_tflops(batch, heads, seqlen, head_dim, causal, cudnn_ms), unit="TFLOP/s"))
                 for shape in shapes:
                     fn = _ours(q, k, v, causal, shape)
                     max_diff = (fn()[0].float() - reference).abs().max().item()
@@ -210,18 +217,19 @@ def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
 def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
     name += "-wgmma" if shape.wgmma else ""
+    name += "-overlap" if shape.overlap_softmax else ""
     return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
 
 
 def _print(rows: list) -> None:
-    print(f"{'series':<22} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>9} unit")
+    print(f"{'series':<28} {'d':>4} {'seqlen':>6} {'causal':>6} {'value':>9} unit")
     for r in rows:
         value = "-" if r.get("value") is None else f"{r['value']:.3g}"
         extra = f"  maxdiff={r['max_abs_diff_vs_sdpa_flash']:.3g}" if "max_abs_diff_vs_sdpa_flash" in r else ""
         extra += f"  maxdiff={r['max_abs_diff_vs_sdpa']:.3g}" if "max_abs_diff_vs_sdpa" in r else ""
         extra += f"  {r['error']}" if "error" in r else ""
         extra += "  (default)" if r.get("default") else ""
-        print(f"{r['series'][:22]:<22} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>9} "
+        print(f"{r['series'][:28]:<28} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>9} "
               f"{r['unit']}{extra}")  # fmt: skip
 
 

@@ -128,19 +128,19 @@ def test_all_builds_cover_every_dtype_head_dim_and_mask():
     assert {b.source for b in all_builds("sm_80")} == {"fwd.cu"}
 
 
-def test_hopper_shape_has_a_producer_warpgroup_and_two_math_warpgroups():
+def test_hopper_shape_has_a_producer_warpgroup_and_64_rows_per_math_warpgroup():
     for head_dim in (64, 128):
         for has_mask in (False, True):
             shape = forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask)
-            assert shape.wgmma and shape.num_warps == 12 and shape.block_m == 128, (head_dim, has_mask)
+            assert shape.wgmma and shape.block_m == 64 * (shape.num_warps // 4 - 1), (head_dim, has_mask)
             assert ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape).build("sm_90a").source == "fwd_hopper_ws.cu"
     assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
 def test_wgmma_body_only_on_sm90a():
-    for head_dim in HOPPER_SHAPES:
-        assert forward_tile_shape(head_dim, "sm_90a").wgmma
-        assert not forward_tile_shape(head_dim, "sm_80").wgmma  # Ampere / Ada: the mma.sync body
+    for head_dim, has_mask in HOPPER_SHAPES:
+        assert forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask).wgmma
+        assert not forward_tile_shape(head_dim, "sm_80", has_mask=has_mask).wgmma  # Ampere / Ada: the mma.sync body
     assert not forward_tile_shape(96, "sm_90a").wgmma  # head dims the wgmma body does not serve
     config = ForwardConfig.for_problem(128, "bf16", False, forward_tile_shape(128, "sm_90a"), "sm_90a")
     with pytest.raises(KernelUnsupported, match="sm_90a"):

@@ -68,6 +68,7 @@ class ForwardConfig:
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper_ws.cu): a producer warpgroup + 64 rows per math warpgroup
     head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
+    overlap_softmax: bool = False  # wgmma body: tile i's softmax under tile i-1's P V (TileShape.overlap_softmax)
 
     @property
     def value_dim(self) -> int:
@@ -79,6 +80,8 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
+        if self.overlap_softmax:
+            raise ValueError(f"the softmax overlap is the wgmma body's, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -98,7 +101,8 @@ class ForwardConfig:
         dims = (self.head_dim, self.value_dim)
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
-            and self.block_n in (64, 128) and rest == 0 and math_warpgroups == 2
+            and self.block_n in (64, 128) and rest == 0
+            and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
@@ -106,7 +110,7 @@ class ForwardConfig:
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
                              f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128, a producer "
-                             f"warpgroup and 2 math warpgroups of 64 rows, >= 2 stages), got {self}")  # fmt: skip
+                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -117,7 +121,7 @@ class ForwardConfig:
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, head_dim_v=head_dim_v,
+            wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax,
         )  # fmt: skip
 
     @property
@@ -136,7 +140,7 @@ class ForwardConfig:
             defines = (
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
                 ("NUM_WG", math_warpgroups),
-                ("KV_STAGES", self.kv_stages),
+                ("KV_STAGES", self.kv_stages), ("OVERLAP_SOFTMAX", int(self.overlap_softmax)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)

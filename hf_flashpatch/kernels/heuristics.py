@@ -22,8 +22,8 @@ A CTA computes ``block_m`` packed query rows (query positions x the query heads 
 against ``block_n`` keys per step; each warp owns ``block_m / num_warps`` rows, i.e.
 ``block_m / (16 * num_warps)`` m16n8k16 m-tiles. Two bodies: ``mma`` (``fwd.cu``, mma.sync m16n8k16,
 any sm_80+ GPU, every head dim) and, on Hopper (sm_90a) at head dims 64 and 128 (and 192 / 128),
-``wgmma``: the warp-specialised ``fwd_hopper_ws.cu``, warpgroup MMA on two math warpgroups of 64 rows and
-a producer warpgroup streaming K/V with the TMA (counted in ``num_warps``: ``block_m = 64 * (num_warps / 4 - 1)``).
+``wgmma``: the warp-specialised ``fwd_hopper_ws.cu``, warpgroup MMA on two or three math warpgroups of 64 rows
+and a producer warpgroup streaming K/V with the TMA (counted in ``num_warps``: ``block_m = 64 * (num_warps / 4 - 1)``).
 Every shipped shape compiles without register spills (``tests/test_*_compile.py``).
 """
 
@@ -45,20 +45,30 @@ class TileShape:
     qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
     wgmma: bool = False  # the Hopper body (fwd_hopper_ws.cu): 4 warps per 64-row math warpgroup + 4 producer warps
+    overlap_softmax: bool = False  # wgmma body: tile i's softmax runs under tile i-1's P V (needs S and P live at once)
 
 
-# The Hopper body (head dims 64 and 128 on sm_90a), masked or not: a producer warpgroup (TMA) + two math
-# warpgroups x 64 rows, 128-key tiles, a 3-stage K/V ring. With the TMA producer it also serves unmasked d64,
-# where it beat the plain wgmma body as that body stood (deleted; notes/forward.md has the lead on what that
-# body had lost: its second CTA per SM).
-_WGMMA_WS = TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True)
-HOPPER_SHAPES: dict[int, TileShape] = {64: _WGMMA_WS, 128: _WGMMA_WS}
+# The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
+# of 128-key tiles, and math warpgroups of 64 rows each. (head dim, masked) -> shape.
+# - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V; the overlap
+#   needs three ring stages (with two, a slot is released only after the next tile's softmax and the TMA's
+#   latency shows).
+# - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
+#   registers (24 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
+#   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
+#   builds spilled; two stages suffice there.
+HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
+    (128, False): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
+    (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
+    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True),
+    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True),
+}
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
 # 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
 # 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/kernels/value_head_dim.py).
 HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
-    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True),
+    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
 }
 
 
@@ -76,8 +86,8 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
         if not native_value_head_dim(head_dim, head_dim_v, arch):
             raise ValueError(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
         return HOPPER_VALUE_HEAD_DIM_SHAPES[(head_dim, head_dim_v)]
-    if arch == "sm_90a" and head_dim in HOPPER_SHAPES:
-        return HOPPER_SHAPES[head_dim]
+    if arch == "sm_90a" and (head_dim, has_mask) in HOPPER_SHAPES:
+        return HOPPER_SHAPES[(head_dim, has_mask)]
     return mma_tile_shape(head_dim)
 
 
