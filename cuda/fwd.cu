@@ -109,10 +109,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
       if (ahead < num_tiles) {
         const int slot = ahead % KV_STAGES;
         const int ahead_key0 = (n_block_max - 1 - ahead) * BLOCK_N;
+        // a fresh thread index: the thread's chunk addresses are recomputed per tile rather than kept live
+        // across the loop (at 255 registers ptxas spilled them for sm_80 at d64)
         load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_k + slot * kKVTileElems, tile.k_rows, p.k_seq_stride, ahead_key0,
-                                                  seqlen_k, tid);
+                                                  seqlen_k, fresh_thread_index());
         load_kv_tile<HEAD_DIM, BLOCK_N, kThreads>(smem_v + slot * kKVTileElems, tile.v_rows, p.v_seq_stride, ahead_key0,
-                                                  seqlen_k, tid);
+                                                  seqlen_k, fresh_thread_index());
       }
       cp_async_commit();
     }

@@ -12,7 +12,8 @@ the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
-  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at q/k 192, v 128, causal;
+  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at d96 and d256 (the mma.sync
+  body), causal, and at q/k 192, v 128, causal;
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -50,6 +51,9 @@ def _cases(torch, hfp):
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+    for d in (96, 256):  # head dims the mma.sync body serves on every GPU
+        q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
+        cases[f"fwd d{d} 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
     q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
     cases["fwd d192/128 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
     for d, causal in [(128, False), (128, True), (64, True)]:
