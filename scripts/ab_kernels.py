@@ -121,7 +121,11 @@ def worker(tree: str, out: str, repeats: int, only: str) -> None:
     for name, (fn, form) in _cases(torch, hfp).items():
         if not re.search(only, name):
             continue
-        result = fn()
+        try:
+            result = fn()
+        except Exception as exc:  # an older tree that does not serve the case: a "-" in the table
+            print(f"{tree}: {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            continue
         outputs[name] = [t.detach().cpu() for t in (result if isinstance(result, tuple) else (result,))]
         if form == "eager":
             times[f"{name} (eager)"] = _time_ms(torch, fn, repeats)
@@ -170,17 +174,23 @@ def _print_table(trees, runs, scratch, title: str) -> None:
     base = trees[0][0]
     base_out = torch.load(scratch / f"{base}_0.json.pt")
     diff = {name: {case: max((a.float() - b.float()).abs().max().item() for a, b in zip(base_out[case], outs[case]))
-                   for case in base_out}
+                   for case in base_out if case in outs}
             for name in runs for outs in [torch.load(scratch / f"{name}_0.json.pt")]}  # fmt: skip
     names = [n for n, _ in trees]
     print(f"\n{title}\n{'case':42s}" + "".join(f"{n + ' ms':>12s}" for n in names) + "".join(
         f"{n + '/' + base:>14s}" for n in names[1:]) + "  max |diff| vs " + base)
-    for case in runs[base][0]:
-        med = {n: statistics.median(r[case] for r in runs[n]) for n in names}
-        ratios = "".join(f"{med[n] / med[base]:>14.3f}" for n in names[1:])
-        worst = max(diff[n][case.split(" (")[0]] for n in names[1:])
-        print(f"{case:42s}" + "".join(f"{med[n]:>12.4f}" for n in names) + ratios + f"  {worst:.3g}", flush=True)
+    for case in sorted({case for n in names for r in runs[n] for case in r}, key=_case_order(runs[base])):
+        med = {n: statistics.median(r[case] for r in runs[n]) if all(case in r for r in runs[n]) else None
+               for n in names}  # fmt: skip
+        cells = "".join(f"{med[n]:>12.4f}" if med[n] is not None else f"{'-':>12s}" for n in names)
+        ratios = "".join(f"{med[n] / med[base]:>14.3f}" if None not in (med[n], med[base]) else f"{'-':>14s}"
+                         for n in names[1:])  # fmt: skip
+        worst = [diff[n].get(case.split(" (")[0]) for n in names[1:]]
+        worst = [w for w in worst if w is not None]
+        print(f"{case:42s}" + cells + ratios + (f"  {max(worst):.3g}" if worst else "  -"), flush=True)
 
 
-if __name__ == "__main__":
-    main()
+def _case_order(base_rounds):
+    """Sort key: the base tree's case order first, then cases only other trees ran."""
+    order = {case: i for i, case in enumerate(base_rounds[0])} if base_rounds else {}
+    return lambda case: (order.get(case, len(order)), case)

@@ -129,6 +129,21 @@ def test_hopper_shape_has_a_producer_warpgroup_and_64_rows_per_math_warpgroup():
     assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
+def test_softmax_overlap_and_math_warpgroups_reach_the_build():
+    """The shipped shapes' schedule choices are compile-time defines of the one Hopper body, and the
+    mma.sync body refuses the overlap (it has no such schedule)."""
+    for (head_dim, has_mask), shape in HOPPER_SHAPES.items():
+        defines = dict(ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape).build("sm_90a").defines)
+        assert defines["OVERLAP_SOFTMAX"] == str(int(shape.overlap_softmax)), (head_dim, has_mask)
+        assert defines["NUM_WG"] == str(shape.block_m // 64), (head_dim, has_mask)
+    assert forward_tile_shape(64, "sm_90a").block_m == 192  # d64: three math warpgroups
+    assert forward_tile_shape(128, "sm_90a", has_mask=True).overlap_softmax
+    with pytest.raises(ValueError, match="overlap"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, overlap_softmax=True)
+    with pytest.raises(ValueError, match="3 at d64"):  # three math warpgroups serve d64 only
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True)
+
+
 def test_wgmma_body_only_on_sm90a():
     for head_dim, has_mask in HOPPER_SHAPES:
         assert forward_tile_shape(head_dim, "sm_90a", has_mask=has_mask).wgmma
