@@ -12,8 +12,8 @@ the last bits from call to call).
 
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
-  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at d96 and d256 (the mma.sync
-  body), causal, and at q/k 192, v 128, causal;
+  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
+  and not), at d96 and d256 (the mma.sync body), causal, and at q/k 192, v 128, causal;
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -50,6 +50,10 @@ def _cases(torch, hfp):
     for d, causal in [(128, False), (128, True), (64, False), (64, True)]:
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
+            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+    for causal in (False, True):  # short sequences: a CTA's prologue and epilogue weigh most here
+        q, k, v = rand(8, 2048, 16, 128), rand(8, 2048, 16, 128), rand(8, 2048, 16, 128)
+        cases[f"fwd d128 8x2k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
     for d in (96, 256):  # head dims the mma.sync body serves on every GPU
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
