@@ -51,8 +51,10 @@ def test_all_backward_builds_compile_without_spills():
         shared = {entry: shared_bytes_of(cubin, entry) for entry in ENTRIES}
         assert all(0 < shared[e] <= SMEM_OPT_IN_LIMIT for e in ("bwd_dkdv", "bwd_dkdv_dq_atomic", "bwd_dq")), shared
         assert shared["bwd_preprocess"] == shared["bwd_convert_dq"] == 0, shared
-        # C7515: ptxas serialised the wgmma pipeline (an accumulator touched inside an async window)
-        assert "C7515" not in report, f"{build}: wgmma serialised:\n{report}"
+        # ptxas serialised the wgmma pipeline: C7515 (an accumulator touched inside an async window), C7518 (a
+        # divergent branch inside one); C7517: it waits for every wgmma before reading registers one defined
+        for code in ("C7515", "C7517", "C7518"):
+            assert code not in report, f"{build}: wgmma serialised or waited on ({code}):\n{report}"
 
 
 def _find_cuobjdump() -> str | None:
