@@ -247,6 +247,30 @@ def test_varlen_keys_of_other_sequences_never_leak(head_dim, causal):
     assert out[poisoned].isnan().all()
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_many_sequences_each_as_alone(head_dim, causal):
+    """Forty sequences of awkward lengths, GQA: hundreds of work tiles, many of them empty (short sequences
+    under the longest one's grid), several per CTA wherever the CTAs are fewer. Every sequence's rows equal
+    its batched run alone, bit for bit, and that run matches the oracle."""
+    gen = torch.Generator().manual_seed(1)
+    seqlens = torch.randint(1, 300, (40,), generator=gen).tolist()
+    cu = torch.tensor([0] + seqlens, device="cuda").cumsum(0).int()
+    total = sum(seqlens)
+    q = torch.randn(total, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    out, lse = _run(q, k, v, causal=causal, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(seqlens),
+                    max_seqlen_k=max(seqlens))  # fmt: skip
+    for i, seqlen in enumerate(seqlens):
+        s0, s1 = cu[i].item(), cu[i + 1].item()
+        alone, alone_lse = _run(q[None, s0:s1], k[None, s0:s1], v[None, s0:s1], causal=causal)
+        torch.testing.assert_close(out[s0:s1], alone[0], atol=0, rtol=0, msg=f"sequence {i} ({seqlen} tokens)")
+        torch.testing.assert_close(lse[:, s0:s1], alone_lse[0], atol=0, rtol=0)
+        if seqlen == max(seqlens):
+            _check(alone, alone_lse, q[None, s0:s1], k[None, s0:s1], v[None, s0:s1], causal=causal)
+
+
 def test_broadcast_kv_heads_are_read_from_a_copy():
     """K/V expanded over their heads (stride 0: no tensor map describes it) give the materialised result."""
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
