@@ -74,8 +74,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": None)
     monkeypatch.setattr(decode.DecodeConfig, "build", lambda self, arch="sm_90a": None)
     monkeypatch.setattr(backward.BackwardConfig, "build", lambda self: None)
-    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
-    monkeypatch.setattr(backward, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(backward, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "choose_num_splits", lambda *a, **k: 1)
     decode.decode_plan.cache_clear()  # plans hold the kernels they were made with
     yield rec

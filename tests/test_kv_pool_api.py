@@ -41,7 +41,7 @@ def test_kv_append_kernel_launch_with_narrower_value_rows(monkeypatch):
     launched = []
     monkeypatch.setattr(decode, "get_kernel", lambda build, entry, device: RecordingKernel(entry, launched))
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
-    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
     k_new, v_new = torch.randn(5, 2, 192).bfloat16(), torch.randn(5, 2, 128).bfloat16()
     k_pool, v_pool = torch.zeros(64, 2, 192).bfloat16(), torch.zeros(64, 2, 128).bfloat16()
     decode._kv_append_impl(k_new, v_new, k_pool, v_pool, torch.arange(5))

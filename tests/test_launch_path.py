@@ -78,7 +78,7 @@ def fake_launches(monkeypatch):
 
     monkeypatch.setattr(decode, "get_kernel", get_kernel)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
-    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "kernels_unavailable_reason", lambda t: None)
     monkeypatch.setattr(decode.DecodeConfig, "build", lambda self, arch="sm_90a": None)
     decode.decode_plan.cache_clear()  # plans hold the kernels they were made with

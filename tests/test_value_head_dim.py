@@ -307,7 +307,7 @@ def decode_recorder(monkeypatch):
     monkeypatch.setattr(api, "kernels_unavailable_reason", lambda tensor: None)
     monkeypatch.setattr(decode, "kernels_unavailable_reason", lambda tensor: None)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
-    monkeypatch.setattr(decode, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(decode, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "get_kernel", lambda build, entry, device: built.append(build)
                         or RecordingKernel(entry, launched))  # fmt: skip
     monkeypatch.setattr(api, "_warned", set())

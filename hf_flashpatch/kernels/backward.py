@@ -43,7 +43,7 @@ import torch
 from ..errors import KernelUnsupported
 from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason  # noqa: F401 - LOG2E re-exported
 from .backward_torch import torch_backward
-from .build import KernelBuild, arch_for_capability, get_kernel
+from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import backward_tiles
 from .value_head_dim import padded_gradients, padded_head_dim
@@ -177,10 +177,6 @@ def dkdv_grid(kv_heads: int, batch: int, key_blocks: int, sms: int, choice: bool
     return (key_blocks, kv_heads, batch), 0
 
 
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
                      deterministic):  # fmt: skip
     varlen = cu_q is not None
@@ -228,7 +224,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     cu = (cu_q, cu_k) if varlen else (None, None)
     cu_tensors = (cu_q, cu_k) if varlen else ()
     key_blocks = (seqlen_k + cfg.block_n - 1) // cfg.block_n
-    grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, _sm_count(device), choice=cfg.body == "wgmma")
+    grid_kv, heavy_first = dkdv_grid(kv_heads, batch, key_blocks, sm_count(device.index), choice=cfg.body == "wgmma")
     if deterministic:
         dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, None, dk, dv, *cu, *all_strides, *scalars, heavy_first,
              shared_bytes=dkdv.shared_bytes, tensors=inputs + (dk, dv) + cu_tensors)  # fmt: skip

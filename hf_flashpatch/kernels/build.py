@@ -388,5 +388,11 @@ def get_kernel(build: KernelBuild, entry: str, device: torch.device) -> Kernel:
     return kernel
 
 
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    """The streaming multiprocessors of CUDA device ``device_index`` (what grids are sized by)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def device_arch(device: torch.device) -> str:
     return arch_for_capability(*torch.cuda.get_device_capability(device))

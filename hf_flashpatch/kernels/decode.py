@@ -32,7 +32,7 @@ from ..errors import KernelUnsupported
 from . import (
     ScoreScales, call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once,
 )
-from .build import KernelBuild, device_arch, get_kernel
+from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
     ADDRESSING,
     MAX_ROWS_PER_KV_HEAD,
@@ -48,11 +48,6 @@ from .heuristics import MIN_KEYS_PER_SPLIT, MIN_WAVES, choose_num_splits, ctas_p
 
 
 KV_APPEND_BUILD = KernelBuild("kv_append.cu")
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
 
 # ------------------------------------------------------------------------------------ checks
 
@@ -130,7 +125,7 @@ def decode_plan(addressing: str, head_dim: int, bf16: bool, softcap: bool, batch
     row_tiles = min(-(-seqlen_q * group // ROWS_PER_CTA), -(-MAX_ROWS_PER_KV_HEAD // ROWS_PER_CTA))
     typical_rows = -(-total_q // batch) * group  # packed: the mean queries per sequence
     ctas = min(row_tiles, -(-typical_rows // ROWS_PER_CTA)) * kv_heads * batch
-    num_splits = choose_num_splits(ctas, typical_keys, _sm_count(device_index), ctas_per_sm(split_kernel.shared_bytes), MIN_WAVES)
+    num_splits = choose_num_splits(ctas, typical_keys, sm_count(device_index), ctas_per_sm(split_kernel.shared_bytes), MIN_WAVES)
     combine_kernel = get_kernel(build, "hfp_decode_combine", device) if num_splits > 1 else None
     return DecodePlan(config, split_kernel, combine_kernel, num_splits, row_tiles)
 
@@ -303,7 +298,7 @@ def _kv_append_impl(
     chunk = 8  # elements per 16-byte chunk (2-byte dtypes)
     row_chunks, v_row_chunks = head_dim // chunk, v_new.shape[-1] // chunk
     total = num_tokens * kv_heads * max(row_chunks, v_row_chunks)
-    blocks = max(1, min(-(-total // 256), 4 * _sm_count(k_new.device.index or 0)))
+    blocks = max(1, min(-(-total // 256), 4 * sm_count(k_new.device.index or 0)))
     kernel(
         (blocks, 1, 1), (256, 1, 1),
         k_new, v_new, k_new.stride(0) // chunk, k_new.stride(1) // chunk, v_new.stride(0) // chunk,
