@@ -1,6 +1,10 @@
 """A/B of two source trees of the project on the GPU: same calls, same inputs, interleaved processes.
 
     python scripts/ab_kernels.py --tree base=/path/to/old/checkout --tree head=. [--rounds 3] [--only REGEX]
+    python scripts/ab_kernels.py --tree old=git:1d2025f --tree draft=git:wip/some-branch --tree head=.
+
+A tree is a path, or ``git:REV``: the revision's ``cuda/``, ``hf_flashpatch/`` and ``scripts/`` exported from
+this checkout's repository into the run's scratch folder.
 
 Checks that a refactor of the kernel layer changed neither results nor speed. Each round starts one
 worker process per tree (``sys.path`` puts that tree first, its own kernel cache), in rotating
@@ -142,6 +146,18 @@ def worker(tree: str, out: str, repeats: int, only: str) -> None:
     Path(out).write_text(json.dumps(times))
 
 
+def export_tree(spec: str, into: Path) -> str:
+    """A tree's path: ``spec`` itself, or for ``git:REV`` the revision's kernel layer exported into ``into``."""
+    if not spec.startswith("git:"):
+        return spec
+    into.mkdir(parents=True)
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(repo), "archive", spec[4:], "cuda", "hf_flashpatch", "scripts"],
+                             check=True, capture_output=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return str(into)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tree", action="append", default=[], help="NAME=PATH, the first is the base")
@@ -152,8 +168,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(*args.worker, args.repeats, args.only)
-    trees = [t.split("=", 1) for t in args.tree]
     scratch = Path(tempfile.mkdtemp(prefix="ab_kernels_"))
+    trees = [(name, export_tree(spec, scratch / f"tree_{name}")) for name, spec in (t.split("=", 1) for t in args.tree)]
     runs = {name: [] for name, _ in trees}
     for round_ in range(args.rounds):
         # each round starts one tree later, so over len(trees) rounds every tree takes every position once

@@ -1,0 +1,39 @@
+"""scripts/ab_kernels.py's CPU side: trees from git revisions, and the table when a tree lacks a case."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import ab_kernels  # noqa: E402
+
+
+def test_a_git_revision_is_exported_as_a_tree(tmp_path):
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    tree = Path(ab_kernels.export_tree(f"git:{head.stdout.strip()}", tmp_path / "head"))
+    assert sorted(p.name for p in tree.iterdir()) == ["cuda", "hf_flashpatch", "scripts"]
+    committed = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:cuda/fwd_hopper_ws.cu"], capture_output=True,
+                               check=True).stdout  # fmt: skip
+    assert (tree / "cuda" / "fwd_hopper_ws.cu").read_bytes() == committed
+    assert ab_kernels.export_tree(str(ROOT), tmp_path / "unused") == str(ROOT)  # a path is used as it is
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_case_one_tree_lacks_is_a_dash(tmp_path, capsys):
+    torch.save({"fwd a": [torch.ones(2)]}, tmp_path / "old_0.json.pt")
+    torch.save({"fwd a": [torch.full((2,), 1.5)], "fwd b": [torch.zeros(1)]}, tmp_path / "new_0.json.pt")
+    runs = {"old": [{"fwd a (graph)": 2.0}], "new": [{"fwd a (graph)": 1.0, "fwd b": 3.0}]}
+    ab_kernels._print_table([("old", "."), ("new", ".")], runs, tmp_path, "title")
+    rows = {line.split()[0] + " " + line.split()[1]: line.split()[2:] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("fwd")}  # fmt: skip
+    assert rows["fwd a"] == ["(graph)", "2.0000", "1.0000", "0.500", "0.5"]  # times, ratio, largest difference
+    assert rows["fwd b"] == ["-", "3.0000", "-", "-"]  # the old tree does not serve it
