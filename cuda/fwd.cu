@@ -50,12 +50,6 @@ constexpr int kKVTileElems = BLOCK_N * Layout::kRowStride;
 // the compiled module (hf_flashpatch/kernels/build.py, Kernel.shared_bytes).
 extern "C" __constant__ int hfp_attention_forward_shared_bytes = (kQTileElems + 2 * KV_STAGES * kKVTileElems) * 2;
 
-__device__ __forceinline__ int fresh_thread_index() {
-  int index;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
-  return index;
-}
-
 extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (BLOCK_M, row stride); later the output staging tile

@@ -242,12 +242,6 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   retire_pv(num_tiles - 1);
 }
 
-__device__ __forceinline__ int fresh_thread_index() {
-  int index;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
-  return index;
-}
-
 // The epilogue the math warps run once every math warp is past the ring (sync_math(): a barrier over the
 // kMathThreads threads that own rows): normalise, write each row's LSE, stage the tile in shared memory
 // over the K ring (padded rows) and store it with 16-byte writes. math_thread: this thread's index among
@@ -280,7 +274,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
   sync_math();
   hfp::fwd::copy_packed_tile<false, HEAD_DIM_V, kBlockM, kMathThreads>(
       hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride, p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
-      fresh_thread_index() - producer_threads);
+      hfp::fresh_thread_index() - producer_threads);
 }
 
 

@@ -42,6 +42,15 @@ __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// ---------------------------------------------------------------- register pressure
+// %tid.x read afresh (volatile): the compiler cannot reuse an index it computed earlier, so the addresses
+// derived from it are recomputed where they are used instead of living (or spilling) across a long loop.
+__device__ __forceinline__ int fresh_thread_index() {
+  int index;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
+  return index;
+}
+
 // ---------------------------------------------------------------- cp.async (global -> shared)
 // 16-byte copy that bypasses L1; when `valid` is false the 16 destination bytes are zero-filled,
 // which is how out-of-range rows of a tile become harmless zeros instead of garbage.
