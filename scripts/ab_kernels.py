@@ -214,3 +214,7 @@ def _case_order(base_rounds):
     """Sort key: the base tree's case order first, then cases only other trees ran."""
     order = {case: i for i, case in enumerate(base_rounds[0])} if base_rounds else {}
     return lambda case: (order.get(case, len(order)), case)
+
+
+if __name__ == "__main__":
+    main()

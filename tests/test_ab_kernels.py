@@ -1,4 +1,5 @@
-"""scripts/ab_kernels.py's CPU side: trees from git revisions, and the table when a tree lacks a case."""
+"""scripts/ab_kernels.py's CPU side (trees from git revisions, the table when a tree lacks a case), and every
+script with a main() runs as a program."""
 
 from __future__ import annotations
 
@@ -37,3 +38,14 @@ def test_a_case_one_tree_lacks_is_a_dash(tmp_path, capsys):
             if line.startswith("fwd")}  # fmt: skip
     assert rows["fwd a"] == ["(graph)", "2.0000", "1.0000", "0.500", "0.5"]  # times, ratio, largest difference
     assert rows["fwd b"] == ["-", "3.0000", "-", "-"]  # the old tree does not serve it
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("*.py")
+                                          if "\ndef main(" in p.read_text()))  # fmt: skip
+def test_every_script_with_a_main_runs_as_a_program(script):
+    """``python scripts/X.py --help`` prints X's usage: the ``__main__`` guard that calls main() is there
+    (without it the script exits 0 having done nothing, as a device run of ab_kernels once did)."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / script), "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
+    assert "usage:" in (done.stdout + done.stderr).lower(), (
+        f"{script} --help printed no usage (rc {done.returncode}): is main() called under __main__?\n{done.stderr[-2000:]}")
