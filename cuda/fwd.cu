@@ -61,7 +61,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
   const int warp = tid >> 5;
 
   // ---- the tile's rows and the key tiles they see (varlen: token offsets from cu_seqlens)
-  const QueryTile tile = query_tile<kWindowed, BLOCK_M, BLOCK_N>(p);
+  const QueryTile tile = query_tile<kWindowed, BLOCK_M, BLOCK_N>(p, block_work<kWindowed>());
   if (tile.empty()) return;
   const int seqlen_k = tile.span.seqlen_k, group = tile.group, packed_rows = tile.packed_rows, p0 = tile.p0;
   const int n_block_max = tile.keys.n_block_max, num_tiles = tile.keys.num_tiles;

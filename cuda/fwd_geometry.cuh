@@ -45,6 +45,7 @@ struct FwdParams {
   int window_left, window_right;  // folded window (hf_flashpatch/kernels/__init__.py fold_window)
   ScoreScale scores;        // softmax scale and soft-cap (score_scale.cuh)
   int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
+  int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -91,11 +92,10 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, i
   return {mask_lo, mask_hi, n_block_min, n_block_max, n_block_max - n_block_min};
 }
 
-// What this CTA works on: query tile m_block of the (kv head, batch) pair of grid (query tiles, kv heads,
-// batch), masked problems' last query tiles (the ones that see the most keys) launched first; its
-// sequence's rows (span), the tile's kBlockM packed rows from p0, and the key tiles those rows see.
-// Bottom-right alignment: query i sits at key i + seqlen_k - seqlen_q (shifts). A tile that starts past
-// the sequence's packed rows is empty: the CTA returns before any barrier.
+// A work tile (WorkCoords below): query tile m_block of a (kv head, batch) pair; its sequence's rows (span),
+// the tile's kBlockM packed rows from p0, and the key tiles those rows see. Bottom-right alignment: query i
+// sits at key i + seqlen_k - seqlen_q (shifts). A tile that starts past the sequence's packed rows is empty
+// (the mma.sync body's CTA returns before any barrier; the persistent body skips it in every role).
 struct QueryTile {
   int kv_head, batch;
   SequenceSpan span;
@@ -109,10 +109,39 @@ struct QueryTile {
   __device__ __forceinline__ bool empty() const { return p0 >= packed_rows; }
 };
 
+// A work tile's coordinates: which kBlockM packed rows (m_block) of which KV head and sequence.
+struct WorkCoords {
+  int m_block, kv_head, batch;
+};
+
+// One CTA per work tile: grid (m blocks, kv heads, sequences); masked problems run the last m blocks (the
+// ones that see the most keys) first.
+template <bool kWindowed>
+__device__ __forceinline__ WorkCoords block_work() {
+  return {kWindowed ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x),
+          static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+}
+
+// The m blocks of the longest sequence (varlen: seqlen_q is the longest; a shorter sequence's tiles past its
+// end are empty).
+template <int kBlockM>
+__device__ __forceinline__ int m_blocks(const FwdParams& p) {
+  return (p.seqlen_q * p.group + kBlockM - 1) / kBlockM;
+}
+
+// Work tile `w` of a persistent grid: a (kv head, sequence) pair's query tiles are consecutive, last (the
+// ones that see the most keys when masked) first, so the CTAs running at one time share a few pairs' K/V in
+// L2 (as the one-CTA-per-tile grid's order did); pairs in grid order (kv head fastest).
+template <int kBlockM>
+__device__ __forceinline__ WorkCoords persistent_work(const FwdParams& p, int w) {
+  const int count = m_blocks<kBlockM>(p);
+  const int pair = w / count, m_rev = w - pair * count;
+  return {count - 1 - m_rev, pair % p.kv_heads, pair / p.kv_heads};
+}
+
 template <bool kWindowed, int kBlockM, int kBlockN>
-__device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
-  const int m_block = kWindowed ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int kv_head = blockIdx.y, batch = blockIdx.z;
+__device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords work) {
+  const int m_block = work.m_block, kv_head = work.kv_head, batch = work.batch;
   QueryTile tile;
   tile.kv_head = kv_head;
   tile.batch = batch;

@@ -16,8 +16,6 @@ namespace {
 #error "HEAD_DIM_V (v's head dim) comes from the build (hf_flashpatch/kernels/forward.py, ForwardConfig.build)"
 #endif
 
-using OutLayout = hfp::fwd::TileLayout<HEAD_DIM_V>;  // padded rows: the output staging tile
-
 constexpr bool kBf16 = ELEM_BF16 != 0;
 constexpr bool kWindowed = HAS_MASK != 0;
 constexpr int kMathThreads = 128 * NUM_WG;  // the warpgroups that own query rows
@@ -31,8 +29,6 @@ constexpr int kVBytes = BLOCK_N * HEAD_DIM_V * 2;  // one V tile
 static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) || (HEAD_DIM == 192 && HEAD_DIM_V == 128),
               "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128, "S = Q K^T uses wgmma n64 or n128");
-static_assert(kBlockM * OutLayout::kRowStride * 2 <= KV_STAGES * (kKBytes + kVBytes),
-              "the output staging tile must fit the rings");
 
 // Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
 template <int N>
@@ -51,7 +47,6 @@ __device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uin
 // KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
 // where the kernel's own data (its mbarriers) follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
 struct SharedTiles {
-  uint32_t raw;  // the shared address of smem_raw itself (generic pointers = smem_raw + (address - raw))
   uint32_t q_tile, k_ring, v_ring, end;
 };
 
@@ -63,39 +58,33 @@ __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_ra
   const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);
   const uint32_t k_ring = base + kQBytes;
   const uint32_t v_ring = k_ring + KV_STAGES * kKBytes;
-  return {raw, base, k_ring, v_ring, v_ring + KV_STAGES * kVBytes};
+  return {base, k_ring, v_ring, v_ring + KV_STAGES * kVBytes};
 }
 
-// Copy keys [key0, key0 + BLOCK_N) of a (seq, kDim) K or V matrix into a SW128 tile (kDim / 64 sub-tiles
-// of 64 columns, see hopper.cuh); keys at or beyond seqlen_k are zero-filled (finite zeros, masked to
-// probability 0). A thread keeps one 16-byte column chunk and walks rows kRowStep apart; kRowStep is a
-// multiple of 8, so its swizzled chunk position never changes and the destination just advances. Where the
-// threads do not divide a row's chunks (kDim 192: 24), the 64-column sub-tiles are copied one by one.
-// kUnroll < full: the warp-specialised producer runs on few registers and cannot hold every row's address.
-template <int kDim, int kCopyThreads, int kUnroll = 64>
-__device__ __forceinline__ void load_kv_tile_sw128(uint32_t tile, const Elem* gmem, int64_t row_stride, int key0,
-                                                   int seqlen_k, int tid) {
-  constexpr int kChunksPerRow = kDim / 8;
-  if constexpr (kCopyThreads % kChunksPerRow != 0) {
-#pragma unroll 1  // one sub-tile's addresses live at a time (the producer's register budget)
-    for (int sub = 0; sub < kDim / 64; ++sub)
-      load_kv_tile_sw128<64, kCopyThreads, kUnroll>(tile + sub * (BLOCK_N * kSubTileRowBytes), gmem + sub * 64,
-                                                     row_stride, key0, seqlen_k, tid);
-  } else {
-    constexpr int kRowStep = kCopyThreads / kChunksPerRow;
-    static_assert(BLOCK_N % kRowStep == 0 && kRowStep % 8 == 0, "tile walk");
-    const int row0 = tid / kChunksPerRow;
-    const int chunk = tid % kChunksPerRow;
-    uint32_t dst = tile + (chunk / 8) * (BLOCK_N * kSubTileRowBytes) + hfp::sm90::sw128_offset(row0, chunk % 8);
-    const Elem* src = gmem + static_cast<int64_t>(key0 + row0) * row_stride + chunk * 8;
-    const int64_t step = kRowStep * row_stride;
-#pragma unroll kUnroll
-    for (int i = 0; i < BLOCK_N / kRowStep; ++i) {
-      const bool valid = key0 + row0 + i * kRowStep < seqlen_k;
-      hfp::cp_async_16(dst, valid ? src : gmem, valid);
-      src += step;
-      dst += kRowStep * kSubTileRowBytes;
-    }
+// Copy math warpgroup `warpgroup`'s 64 rows of the packed Q tile (rows 64 * warpgroup.. of the SW128 Q tile)
+// with cp.async; rows at or beyond the sequence's packed rows are zero-filled. tid: 0..127 within the
+// warpgroup.
+__device__ __forceinline__ void load_query_rows(const SharedTiles& smem, const hfp::fwd::FwdParams& p,
+                                                const hfp::fwd::QueryTile& tile, int warpgroup, int tid) {
+  const int row0 = 64 * warpgroup;
+  hfp::fwd::for_each_packed_chunk<HEAD_DIM, 64, 128>(
+      tid, tile.p0 + row0, tile.packed_rows, tile.group, [&](int row, int col, int pos, int head, bool valid) {
+        const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
+        hfp::cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) +
+                             hfp::sm90::sw128_offset(row0 + row, (col % 64) / 8),
+                         src, valid);
+      });
+}
+
+// Zero rows [first_row, BLOCK_N) of a SW128 V tile (every 64-column sub-tile; the swizzle permutes chunks within
+// a row, so whole rows are contiguous 128 bytes), by the kMathThreads math threads (math_tid).
+__device__ __forceinline__ void zero_rows_from(uint32_t v_tile, int first_row, int math_tid) {
+  constexpr int kSubTiles = HEAD_DIM_V / 64;
+  const int chunks = (BLOCK_N - first_row) * 8 * kSubTiles;  // 16-byte chunks
+  for (int c = math_tid; c < chunks; c += kMathThreads) {
+    const int sub = c / ((BLOCK_N - first_row) * 8), rest = c - sub * ((BLOCK_N - first_row) * 8);
+    const uint32_t addr = v_tile + sub * (BLOCK_N * kSubTileRowBytes) + first_row * kSubTileRowBytes + rest * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
   }
 }
 
@@ -242,40 +231,29 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   retire_pv(num_tiles - 1);
 }
 
-// The epilogue the math warps run once every math warp is past the ring (sync_math(): a barrier over the
-// kMathThreads threads that own rows): normalise, write each row's LSE, stage the tile in shared memory
-// over the K ring (padded rows) and store it with 16-byte writes. math_thread: this thread's index among
-// them, read afresh (fresh_thread_index) so the compiler does not keep the prologue's addresses alive.
-template <typename SyncMath>
+// The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output
+// straight from the accumulators (4 bytes per column pair; a warp's store covers 16 contiguous bytes of 8
+// rows, which L2 merges into full lines). No shared memory and no barrier: the rings and Q stay free.
 __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::FwdParams& p,
-                                             const hfp::fwd::QueryTile& tile, unsigned char* smem_raw,
-                                             const SharedTiles& smem, int warp_row0, int g, int t, SyncMath sync_math,
-                                             int producer_threads) {
+                                             const hfp::fwd::QueryTile& tile, int warp_row0, int g, int t) {
   float inv_sum[1][2], row_lse[1][2];
   rows.softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
-  sync_math();  // every math warp is done reading the ring
-  Elem* smem_o = reinterpret_cast<Elem*>(smem_raw + (smem.k_ring - smem.raw));
+  Elem* const out = hfp::fwd::out_rows(p, tile);  // (S_q, H, D_v) rows of the tile's GQA group
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = warp_row0 + h * 8 + g;
+    const int packed = tile.p0 + warp_row0 + h * 8 + g;
+    if (packed >= tile.packed_rows) continue;
+    const int pos = tile.group == 1 ? packed : packed / tile.group;
+    const int head = packed - pos * tile.group;  // within the group
+    Elem* const row = out + pos * p.o_seq_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
-    for (int ot = 0; ot < kOT; ++ot) {
-      const uint32_t packed2 =
+    for (int ot = 0; ot < kOT; ++ot)
+      *reinterpret_cast<uint32_t*>(row + ot * 8) =
           Traits::pack2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
-      *reinterpret_cast<uint32_t*>(smem_o + row * OutLayout::kRowStride + ot * 8 + 2 * t) = packed2;
-    }
-    const int packed = tile.p0 + row;
-    if (t == 0 && packed < tile.packed_rows) {
-      const int pos = tile.group == 1 ? packed : packed / tile.group;
-      const int head = tile.kv_head * tile.group + (packed - pos * tile.group);
-      p.lse[tile.batch * p.lse_batch_stride + head * p.lse_head_stride + tile.span.q_token0 + pos] = row_lse[0][h];
-    }
+    if (t == 0)
+      p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
+            tile.span.q_token0 + pos] = row_lse[0][h];
   }
-  sync_math();
-  hfp::fwd::copy_packed_tile<false, HEAD_DIM_V, kBlockM, kMathThreads>(
-      hfp::fwd::out_rows(p, tile), smem_o, p.o_seq_stride, p.o_head_stride, tile.p0, tile.packed_rows, tile.group,
-      hfp::fresh_thread_index() - producer_threads);
 }
-
 
 }  // namespace

@@ -1,4 +1,5 @@
-"""The score-scale/softcap multipliers each launcher passes its kernel (CPU only: builds and launches are faked).
+"""The score-scale/softcap multipliers each launcher passes its kernel, and the Hopper forward's grid (CPU only:
+builds and launches are faked).
 
 The expected values are the launchers' own formulas as they were before score scaling was folded once in
 :func:`hf_flashpatch.kernels.fold_scores` (and before every kernel took the one ``ScoreScale`` of
@@ -68,6 +69,7 @@ def recorder(monkeypatch):
     for mod in (forward, backward, decode):
         monkeypatch.setattr(mod, "get_kernel", rec.get_kernel)
     monkeypatch.setattr(forward, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(forward, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)
     monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows: bytes(128))  # the Hopper body's K/V maps (no driver)
@@ -92,8 +94,8 @@ def test_forward_scalars(recorder, scale, softcap):
     q, k, v = _qkv()
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
-    # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q rows, total k rows
-    scale_log2, softcap_pre, softcap_log2 = args[-5:-2]
+    # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences
+    scale_log2, softcap_pre, softcap_log2 = args[-7:-4]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -135,3 +137,20 @@ def test_backward_scalars(recorder, scale, softcap, deterministic):
         tail = 1 if args is main[0] else 0  # dK/dV takes heavy_first after the 13 scalars
         scalars = args[len(args) - 13 - tail : len(args) - tail]
         assert bits(scalars[5:9]) == bits(old_backward(scale, softcap))
+
+
+@pytest.mark.parametrize("causal, varlen, ctas", [(False, False, 132), (True, False, 352), (False, True, 176),
+                                                  (True, True, 176)])  # fmt: skip
+def test_hopper_forward_grid(recorder, causal, varlen, ctas):
+    """One CTA per SM where every work tile weighs the same (unmasked, fixed length); one CTA per work tile
+    where they differ (causal, varlen), so a fixed stride cannot give one CTA all the heaviest tiles.
+    d64 on Hopper: 192-row tiles, so 4096 rows x 4 heads are 22 x 4 work tiles per sequence."""
+    if varlen:
+        q, k, v = (torch.zeros(8192, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (T, H, D), two sequences
+        cu = torch.tensor([0, 4096, 8192], dtype=torch.int32)
+        forward._launch(q, k, v, cu, cu, 4096, 4096, None, causal, -1, -1, None)
+    else:
+        q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
+        forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
+    ((_entry, grid, _args),) = recorder.launches
+    assert grid == (ctas, 1, 1)

@@ -245,6 +245,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
 
     launched, built = [], []
     monkeypatch.setattr(forward, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(forward, "sm_count", lambda device: 132)
     monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: built.append(build)
                         or RecordingKernel(entry, launched))  # fmt: skip
     monkeypatch.setattr(forward, "_aligned", lambda t: t)
@@ -262,7 +263,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     defines = dict(built[0].defines)
     assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
     assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")
-    assert grid == (math.ceil(70 * 2 / 128), 2, 2)
+    assert grid == (math.ceil(70 * 2 / 128) * 2 * 2, 1, 1)  # persistent: every work tile, fewer than the SMs
     monkeypatch.setattr(forward, "device_arch", lambda device: "sm_80")
     with pytest.raises(KernelUnsupported, match="192 / 128 on sm_80"):
         forward._launch(q, k, v, None, None, 0, 0, None, True, -1, -1, 0.0)

@@ -39,8 +39,9 @@ import torch
 from ..errors import KernelUnsupported
 from . import forward_torch, tma
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
-from .build import KernelBuild, device_arch, get_kernel
-from .heuristics import HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, native_value_head_dim
+from .build import KernelBuild, device_arch, get_kernel, sm_count
+from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, hopper_forward_ctas,
+                         native_value_head_dim)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -49,7 +50,7 @@ _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # FwdParams: k_tma v_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs
 
 
 @dataclass(frozen=True)
@@ -272,13 +273,19 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
 
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
-    grid = (math.ceil(seqlen_q * group / config.block_m), kv_heads, num_seqs)
+    m_blocks = math.ceil(seqlen_q * group / config.block_m)
+    if config.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): persistent where every tile weighs the same
+        grid = (hopper_forward_ctas(m_blocks * kv_heads * num_seqs, sm_count(q.device.index), config.has_mask,
+                                    varlen), 1, 1)  # fmt: skip
+    else:
+        grid = (m_blocks, kv_heads, num_seqs)
     kernel(
         grid, (config.threads, 1, 1),
         k_tma, v_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
+        kv_heads, num_seqs,
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip

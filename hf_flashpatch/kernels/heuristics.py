@@ -91,6 +91,19 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
     return mma_tile_shape(head_dim)
 
 
+def hopper_forward_ctas(work_tiles: int, sms: int, masked: bool, varlen: bool) -> int:
+    """CTAs of the Hopper forward's grid for ``work_tiles`` query tiles (``fwd_hopper_ws.cu``: CTA ``b`` walks
+    tiles ``b, b + grid, ...``, a (kv head, sequence) pair's tiles consecutive).
+
+    - Unmasked, fixed length: every tile sees the same keys, so the strided walk is balanced and persistent
+      CTAs (one per SM) save a prologue and an epilogue per tile: ``min(work_tiles, sms)``.
+    - Causal / window, or varlen: tiles see different numbers of keys, and a fixed stride can hand one CTA
+      every heaviest tile (d64 at 4k: 22 tiles per pair divide 132 SMs, 1.49x the time). One CTA per tile
+      instead: the hardware gives each SM the next tile when it frees up, heaviest first.
+    """
+    return work_tiles if masked or varlen else min(work_tiles, sms)
+
+
 def mma_tile_shape(head_dim: int) -> TileShape:
     """The mma.sync body's tile shape for ``head_dim`` (both dtypes, masked or not)."""
     if head_dim == 32:
