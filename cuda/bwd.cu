@@ -24,12 +24,17 @@
 #include "bwd_common.cuh"
 #include "bwd_default.cuh"
 
+#if HEAD_DIM_V != HEAD_DIM && !BWD_WGMMA
+#error "a v head dim of its own is served by the wgmma body only (BWD_WGMMA=1)"
+#endif
+
 using namespace hfp;
 using namespace hfp::bwd;
 
 // --------------------------------------------------------------------------------- preprocess
 // grid (ceil(rows_pad / 32), heads, batch_ws), 128 threads: 4 threads per row, 32 rows per block.
-// lse: (batch_ws, heads, rows_valid) fp32 contiguous; dlse same or null. Workspaces (batch_ws, heads, rows_pad).
+// out/dout rows of kDv; lse: (batch_ws, heads, rows_valid) fp32 contiguous; dlse same or null. Workspaces
+// (batch_ws, heads, rows_pad).
 extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
     const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ dlse, float* __restrict__ lse2_ws, float* __restrict__ dvec_ws,
@@ -43,7 +48,7 @@ extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
     const T* o = out + bw * o_sb + row * o_ss + h * o_sh;
     const T* d = dout + bw * do_sb + row * do_ss + h * do_sh;
 #pragma unroll
-    for (int c = part * 8; c < kD; c += 32) {
+    for (int c = part * 8; c < kDv; c += 32) {  // out and dout rows have v's head dim
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
       const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
       const uint32_t* op = reinterpret_cast<const uint32_t*>(&ov);
@@ -91,8 +96,10 @@ extern "C" __constant__ int bwd_dkdv_dq_atomic_shared_bytes = kTiledSharedBytes;
 #else
 extern "C" __constant__ int bwd_dkdv_dq_atomic_shared_bytes = kDefaultSharedBytes;
 #endif
+#if HEAD_DIM_V == HEAD_DIM  // the deterministic pair takes one head dim (v's own: the padded route)
 extern "C" __constant__ int bwd_dkdv_shared_bytes = kDefaultSharedBytes;
 extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) * kPadD * 2;  // bwd_dq's carve-up
+#endif
 
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
 #if BWD_WGMMA
@@ -103,9 +110,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_a
   dkdv_body<true>(HFP_DKDV_ARGS);
 #endif
 }
+#if HEAD_DIM_V == HEAD_DIM
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv(HFP_DKDV_PARAMS) {
   dkdv_body<false>(HFP_DKDV_ARGS);
 }
+#endif
 
 // --------------------------------------------------------------------------------- dQ convert
 // dq (tokens, heads, D) in q's dtype, token = bw * rows_valid + row; dq_accum (batch_ws, heads, rows_pad, D).
@@ -126,6 +135,7 @@ extern "C" __global__ void __launch_bounds__(256) bwd_convert_dq(const float* __
   *reinterpret_cast<uint4*>(dq + ((int64_t(bw) * rows_valid + row) * heads + h) * kD + col) = o;
 }
 
+#if HEAD_DIM_V == HEAD_DIM
 // --------------------------------------------------------------------------------- dQ pass (deterministic)
 // grid (ceil(max_seqlen_q / kQBlockM), heads, batch), kQThreads threads. dq (tokens, heads, D) contiguous.
 extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
@@ -242,3 +252,4 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
       *reinterpret_cast<uint32_t*>(dq_row + row8 + col) = Traits::pack2(dq_acc[j][2] * softmax_scale, dq_acc[j][3] * softmax_scale);
   }
 }
+#endif  // HEAD_DIM_V == HEAD_DIM

@@ -26,6 +26,9 @@
 #if !defined(HEAD_DIM) || !defined(ELEM_BF16)
 #error "HEAD_DIM and ELEM_BF16 come from the build (hf_flashpatch/kernels/backward.py, BackwardConfig.build)"
 #endif
+#ifndef HEAD_DIM_V  // v / out / dout head dim (multi-head latent attention: 128 with HEAD_DIM 192); bwd_hopper.cuh only
+#define HEAD_DIM_V HEAD_DIM
+#endif
 #ifndef BLOCK_M  // query rows per inner step of bwd_dkdv
 #define BLOCK_M 64
 #endif
@@ -75,7 +78,8 @@ namespace bwd {
 constexpr bool kBf16 = ELEM_BF16 != 0;
 using Traits = ElemTraits<kBf16>;
 using T = typename Traits::T;
-constexpr int kD = HEAD_DIM;
+constexpr int kD = HEAD_DIM;  // q / k / dq / dk
+constexpr int kDv = HEAD_DIM_V;  // v / out / dout / dv
 constexpr int kPadD = kD + 8;  // shared row stride (elements): +16 B makes ldmatrix rows hit distinct banks
 constexpr int kBlockM = BLOCK_M;
 constexpr int kWarps = NUM_WARPS;

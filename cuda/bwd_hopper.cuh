@@ -1,8 +1,9 @@
-// hf_flashpatch: the Hopper body of bwd_dkdv_dq_atomic (built with BWD_WGMMA=1, sm_90a; d64/d128):
-// all five GEMMs of a step on warpgroup MMA (wgmma).
+// hf_flashpatch: the Hopper body of bwd_dkdv_dq_atomic (built with BWD_WGMMA=1, sm_90a; d64, d128, and q/k 192
+// with v 128): all five GEMMs of a step on warpgroup MMA (wgmma).
 //
-// Layout as in bwd.cu: q/dO (batch, seqlen_q, heads, head_dim), k/v/dk/dv (batch, seqlen_k, kv_heads,
-// head_dim); varlen packs sequences along the token dim. One block of two warpgroups per (128-key tile,
+// Layout as in bwd.cu: q/dq (batch, seqlen_q, heads, D), k/dk (batch, seqlen_k, kv_heads, D), v/dv (batch, seqlen_k,
+// kv_heads, D_v), out/dO (batch, seqlen_q, heads, D_v), D_v = D but at 192/128; varlen packs sequences along the
+// token dim. One block of two warpgroups per (128-key tile,
 // KV head, batch) loops over the group's query heads and the visible 64-query tiles, as the other bodies.
 // Warpgroup w owns keys [64 w, 64 w + 64) of the tile, and their dK/dV in registers for the whole block.
 //
@@ -17,11 +18,15 @@
 //   dS^T -> shared memory (both warpgroups' 64-key halves form the 128 x 64 tile)
 //   dQ   = dS K       wgmma with A = dS^T's tile read MN-major (transposed by the tensor core) and B = K
 //                     MN-major: d128 splits dQ's columns, 64 per warpgroup; d64 (64 columns, one
-//                     wgmma n64) alternates the warpgroup that computes it from step to step.
+//                     wgmma n64) splits its 128 query rows; 192/128 splits the columns 128 / 64, the
+//                     warpgroups swapping shares from step to step.
 //                     dQ is added to the fp32 workspace with atomics, as in the other bodies.
+// At 192/128 dK (96 registers) and dV (64) leave room for S^T / dP^T of 32 queries only: each 64-query step
+// runs S^T .. dK in two sub-steps of 32 queries (kHSubM), each retiring its dV / dK before the next.
 // Q/dO stages are handed over by per-stage mbarriers over three stages and dS^T is double-buffered, so
 // the one point per step where the warpgroups wait for each other is the barrier (B): both halves of
-// dS^T are in shared memory (see kHQStages below).
+// dS^T are in shared memory (see kHQStages below). 192/128 has room for one dS^T buffer: a second barrier
+// before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
 #pragma once
 #include "hopper.cuh"
 
@@ -37,17 +42,28 @@ constexpr int kHBlockM = BWD_WGMMA_BLOCK_M;
 // the per-step waits, barriers and stage hand-overs per FLOP; dQ (128 queries x 64) splits by query rows, each
 // warpgroup its 64 over all 128 keys. d128 keeps 64-query steps (registers) and splits dQ's columns.
 constexpr bool kHDqRows = kHBlockM == 128;
-static_assert(kHBlockM == (kD == 64 ? 128 : 64), "d64 runs 128-query steps, d128 64-query steps");
-constexpr int kHSub = kD / 64;  // 64-column sub-tiles of a SW128 Q/K/V/dO tile
+static_assert(kHBlockM == (kD == 64 ? 128 : 64), "d64 runs 128-query steps, d128 and d192 64-query steps");
+constexpr bool kHValueOwn = kDv != kD;  // 192/128 (multi-head latent attention)
+static_assert(kHValueOwn ? (kD == 192 && kDv == 128) : (kD == 64 || kD == 128),
+              "the wgmma backward body serves head dims 64 and 128, and q/k 192 with v 128");
+// Queries per sub-step (S^T, dP^T, P^T, dS^T, dV, dK): the whole step but at 192/128 (registers, see above).
+constexpr int kHSubM = kHValueOwn ? 32 : kHBlockM;
+constexpr int kHSubSteps = kHBlockM / kHSubM;
 constexpr int kHRowBytes = sm90::kSwizzleRowBytes;
-constexpr int kHKvBytes = kHBlockN * kD * 2;  // K or V tile
-constexpr int kHQBytes = kHBlockM * kD * 2;   // one stage of Q or dO
+constexpr int kHKBytes = kHBlockN * kD * 2;    // K tile
+constexpr int kHVBytes = kHBlockN * kDv * 2;   // V tile
+constexpr int kHQBytes = kHBlockM * kD * 2;    // one stage of Q
+constexpr int kHDoBytes = kHBlockM * kDv * 2;  // one stage of dO
+constexpr int kHKSubBytes = kHBlockN * kHRowBytes;    // a K / V tile's 64-column sub-tile
+constexpr int kHStepSubBytes = kHBlockM * kHRowBytes;  // a Q / dO stage's 64-column sub-tile
 constexpr int kHDsBytes = kHBlockN * kHBlockM * 2;  // dS^T: 128 keys x kHBlockM queries, 64-query sub-tiles
 constexpr int kHDsSubBytes = kHBlockN * kHRowBytes;   // one sub-tile: 128 keys x 64 queries (one 128-byte row each)
-constexpr int kHDqCols = 64;  // dQ columns per wgmma (d128: one half per warpgroup; d64: all of them)
+// dQ's 64-column rounds of the warpgroup with the most (192/128: 2 of the 3 blocks; see the step's dQ)
+constexpr int kHDqRounds = kHValueOwn ? 2 : 1;
 constexpr bool kHDqSplit = kD == 128;  // d128: dQ's columns split; d64 (kHDqRows): its query rows
 // d128: dK/dV (128 registers) + P^T/dS^T fragments (32) + dQ (32) spill (8 B with --use_fast_math), so dV and
-// dK retire before dQ is issued; d64 keeps all three products in flight together.
+// dK retire before dQ is issued (192/128: every sub-step retires its own); d64 keeps all three products in
+// flight together.
 constexpr bool kHRetireBeforeDq = kD == 128;
 // Without softcap, P^T is formed while dP^T runs and dS^T while dV runs; softcap needs 1 - tanh^2 of each
 // score for dS^T, so P^T and dS^T are formed in one pass after both products.
@@ -58,19 +74,19 @@ constexpr bool kHPipelined = !HAS_SOFTCAP;
 // (B). Stage s - 1 is refilled after (B) of step s: both warpgroups are past it then. dS^T of step s + 1
 // goes to the other buffer while dQ of step s may still read its own.
 constexpr int kHQStages = 3;
-constexpr int kHDsBuffers = 2;
-static_assert(kD == 64 || kD == 128, "the wgmma backward body serves head dims 64 and 128");
+constexpr int kHDsBuffers = kHValueOwn ? 1 : 2;  // 192/128: two would take 239 KB of shared memory
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
 // kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the stage mbarriers.
 // The launch provides it plus 1 KB to round the base up (bwd.cu: bwd_dkdv_dq_atomic_shared_bytes).
-constexpr int kHSmemBytes = 2 * kHKvBytes + 2 * kHQStages * kHQBytes + kHDsBuffers * kHDsBytes +
+constexpr int kHSmemBytes = kHKBytes + kHVBytes + kHQStages * (kHQBytes + kHDoBytes) + kHDsBuffers * kHDsBytes +
                             2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (N == 64) sm90::wgmma_ss_m64n64k16<kBf16>(d, a, b, accumulate);
+  if constexpr (N == 32) sm90::wgmma_ss_m64n32k16<kBf16>(d, a, b, accumulate);
+  else if constexpr (N == 64) sm90::wgmma_ss_m64n64k16<kBf16>(d, a, b, accumulate);
   else sm90::wgmma_ss_m64n128k16<kBf16>(d, a, b, accumulate);
 }
 template <int N>
@@ -79,30 +95,45 @@ __device__ __forceinline__ void h_mma_rs_tb(float (&d)[N / 2], const uint32_t (&
   else sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, b, 1);
 }
 
-// Copy rows [0, kRows) of a (rows, head dim) matrix into a SW128 tile; rows >= valid_rows zero-filled.
-template <int kRows>
+// Columns [kFirst, kFirst + kLen) of an accumulator row block as an accumulator of its own (8-column blocks are
+// 4 consecutive registers: the m64nNk16 layout of columns 8j.. is d[4j..4j+3] whatever N is).
+template <int kFirst, int kLen, int N>
+__device__ __forceinline__ float (&acc_columns(float (&d)[N]))[kLen / 2] {
+  static_assert(kFirst % 8 == 0 && kFirst / 2 + kLen / 2 <= N, "whole 8-column blocks inside the accumulator");
+  return *reinterpret_cast<float(*)[kLen / 2]>(d + kFirst / 2);
+}
+
+// Copy rows [0, kRows) of a (rows, kCols) matrix into a SW128 tile; rows >= valid_rows zero-filled. The threads
+// cover whole rows at a time where a row's 16-byte chunks divide them, else (192 columns: 24 chunks) one 64-column
+// sub-tile after the other.
+template <int kRows, int kCols>
 __device__ __forceinline__ void h_load_tile(uint32_t tile, const T* gmem, int64_t row_stride, int valid_rows, int tid) {
-  constexpr int kChunksPerRow = kD / 8;
-  constexpr int kRowStep = kThreads / kChunksPerRow;
+  constexpr int kPartChunks = kThreads % (kCols / 8) == 0 ? kCols / 8 : 8;  // the chunks of a row one pass covers
+  constexpr int kRowStep = kThreads / kPartChunks;
   static_assert(kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows walked 8-aligned keep one swizzle position");
-  const int row0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
-  uint32_t dst = tile + (chunk / 8) * (kRows * kHRowBytes) + sm90::sw128_offset(row0, chunk % 8);
+  const int row0 = tid / kPartChunks;
 #pragma unroll
-  for (int i = 0; i < kRows / kRowStep; ++i) {
-    const int row = row0 + i * kRowStep;
-    const bool ok = row < valid_rows;
-    cp_async_16(dst, gmem + (ok ? row * row_stride : 0) + chunk * 8, ok);
-    dst += kRowStep * kHRowBytes;
+  for (int part = 0; part < kCols / 8 / kPartChunks; ++part) {
+    const int chunk = part * kPartChunks + tid % kPartChunks;
+    uint32_t dst = tile + (chunk / 8) * (kRows * kHRowBytes) + sm90::sw128_offset(row0, chunk % 8);
+#pragma unroll
+    for (int i = 0; i < kRows / kRowStep; ++i) {
+      const int row = row0 + i * kRowStep;
+      const bool ok = row < valid_rows;
+      cp_async_16(dst, gmem + (ok ? row * row_stride : 0) + chunk * 8, ok);
+      dst += kRowStep * kHRowBytes;
+    }
   }
 }
 
-// (rows x 64) x (64 x cols) products over the head dim: a_rows / b_rows = the operands' tiles offset to
-// their first row, tile_rows = the rows of the whole tile (the sub-tile stride), K-major both.
-template <int N>
+// (64 rows x kWidth) x (kWidth x N) products over a head dim of kWidth (q/k's or v's): a_rows / b_rows = the
+// operands' tiles offset to their first row, tile_rows = the rows of the whole tile (the sub-tile stride),
+// K-major both.
+template <int N, int kWidth>
 __device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], uint32_t a_rows, int a_tile_rows, uint32_t b_rows,
                                            int b_tile_rows) {
 #pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
+  for (int ks = 0; ks < kWidth / 16; ++ks) {
     const uint32_t k_offset = (ks % 4) * 32;
     const uint64_t da = sm90::sw128_descriptor(a_rows + (ks / 4) * (a_tile_rows * kHRowBytes) + k_offset, 16,
                                                sm90::kSwizzleAtomBytes);
@@ -112,20 +143,40 @@ __device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], uint32_t a_rows, i
   }
 }
 
-// acc (64 keys x D) += A (64 keys x 64 queries, registers) * B (64 queries x D, SW128 tile read MN-major).
-__device__ __forceinline__ void h_issue_rs(float (&d)[kD / 2], const uint32_t (&a)[kHBlockM / 16][4], uint32_t b_tile) {
+// acc (64 keys x kCols) += A (64 keys x kHSubM queries, registers) * B (kHSubM queries x kCols: a Q or dO stage
+// offset to the sub-step's first query, read MN-major). 192 columns: one n128 and one n64 wgmma per k-step.
+template <int kCols>
+__device__ __forceinline__ void h_issue_rs(float (&d)[kCols / 2], const uint32_t (&a)[kHSubM / 16][4], uint32_t b_rows) {
 #pragma unroll
-  for (int kk = 0; kk < kHBlockM / 16; ++kk) {
-    const uint64_t db = sm90::sw128_descriptor(b_tile + kk * 16 * kHRowBytes, kHBlockM * kHRowBytes,
-                                               sm90::kSwizzleAtomBytes);
-    h_mma_rs_tb<kD>(d, a[kk], db);
+  for (int kk = 0; kk < kHSubM / 16; ++kk) {
+    const uint32_t rows = b_rows + kk * 16 * kHRowBytes;
+    const uint64_t db = sm90::sw128_descriptor(rows, kHStepSubBytes, sm90::kSwizzleAtomBytes);
+    if constexpr (kCols == 192) {
+      h_mma_rs_tb<128>(acc_columns<0, 128>(d), a[kk], db);
+      h_mma_rs_tb<64>(acc_columns<128, 64>(d), a[kk],
+                      sm90::sw128_descriptor(rows + 2 * kHStepSubBytes, kHStepSubBytes, sm90::kSwizzleAtomBytes));
+    } else {
+      h_mma_rs_tb<kCols>(d, a[kk], db);
+    }
   }
 }
 
-// Accumulator (64 x 64 per warpgroup, fp32) -> A fragments of the next product (b16 pairs).
-__device__ __forceinline__ void h_pack(uint32_t (&a)[kHBlockM / 16][4], const float (&acc)[kHBlockM / 2]) {
+// dq (64 queries x 64 columns) = dS (64 queries x 128 keys: the dS^T tile at ds_rows read MN-major) * K (128 keys x
+// 64 columns: the K tile's sub-tile at k_cols, read MN-major).
+__device__ __forceinline__ void h_issue_dq(float (&dq)[32], uint32_t ds_rows, uint32_t k_cols) {
 #pragma unroll
-  for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+  for (int kk = 0; kk < kHBlockN / 16; ++kk) {  // all 128 keys, 16 per k-step
+    const uint32_t key_rows = kk * 16 * kHRowBytes;
+    const uint64_t da = sm90::sw128_descriptor(ds_rows + key_rows, kHDsSubBytes, sm90::kSwizzleAtomBytes);
+    const uint64_t db = sm90::sw128_descriptor(k_cols + key_rows, kHKBytes, sm90::kSwizzleAtomBytes);
+    sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
+  }
+}
+
+// Accumulator (64 keys x kHSubM queries per warpgroup, fp32) -> A fragments of the next product (b16 pairs).
+__device__ __forceinline__ void h_pack(uint32_t (&a)[kHSubM / 16][4], const float (&acc)[kHSubM / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < kHSubM / 16; ++kk) {
     a[kk][0] = Traits::pack2(acc[8 * kk + 0], acc[8 * kk + 1]);
     a[kk][1] = Traits::pack2(acc[8 * kk + 2], acc[8 * kk + 3]);
     a[kk][2] = Traits::pack2(acc[8 * kk + 4], acc[8 * kk + 5]);
@@ -139,10 +190,10 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t base = (raw + kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(kSwizzleAtomBytes - 1);
   const uint32_t k_t = base;                       // SW128 (128 keys, D)
-  const uint32_t v_t = k_t + kHKvBytes;            // SW128 (128 keys, D)
-  const uint32_t q_t = v_t + kHKvBytes;                // (kHQStages, SW128 (64 queries, D))
-  const uint32_t do_t = q_t + kHQStages * kHQBytes;    // (kHQStages, SW128 (64 queries, D))
-  const uint32_t ds_t = do_t + kHQStages * kHQBytes;   // (kHDsBuffers, SW128 (128 keys, 64 queries)): dS^T
+  const uint32_t v_t = k_t + kHKBytes;             // SW128 (128 keys, D_v)
+  const uint32_t q_t = v_t + kHVBytes;                 // (kHQStages, SW128 (64 queries, D))
+  const uint32_t do_t = q_t + kHQStages * kHQBytes;    // (kHQStages, SW128 (64 queries, D_v))
+  const uint32_t ds_t = do_t + kHQStages * kHDoBytes;  // (kHDsBuffers, SW128 (128 keys, 64 queries)): dS^T
   const uint32_t lse_t = ds_t + kHDsBuffers * kHDsBytes;
   float* lse_s = reinterpret_cast<float*>(smem_raw + (lse_t - raw));  // (kHQStages, 64)
   float* dvec_s = lse_s + kHQStages * kHBlockM;                        // (kHQStages, 64)
@@ -161,8 +212,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   const int group = heads / kv_heads;
   const int bw = cu_q == nullptr ? b : 0;  // workspace batch index (varlen packs into one)
 
-  h_load_tile<kHBlockN>(k_t, k + b * k_sb + int64_t(sk.x + n0) * k_ss + hk * k_sh, k_ss, sk.y - n0, tid);
-  h_load_tile<kHBlockN>(v_t, v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh, v_ss, sk.y - n0, tid);
+  h_load_tile<kHBlockN, kD>(k_t, k + b * k_sb + int64_t(sk.x + n0) * k_ss + hk * k_sh, k_ss, sk.y - n0, tid);
+  h_load_tile<kHBlockN, kDv>(v_t, v + b * v_sb + int64_t(sk.x + n0) * v_ss + hk * v_sh, v_ss, sk.y - n0, tid);
   cp_async_commit();
 
   const QuerySteps qs_range = query_steps<kHBlockM>(vis, n0, min(n0 + kHBlockN, sk.y), group);
@@ -171,10 +222,10 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   auto load_q_side = [&](int step, int stage) {
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
-    h_load_tile<kHBlockM>(q_t + stage * kHQBytes, q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh, q_ss,
-                          sq.y - m0, tid);
-    h_load_tile<kHBlockM>(do_t + stage * kHQBytes, dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh, do_ss,
-                          sq.y - m0, tid);
+    h_load_tile<kHBlockM, kD>(q_t + stage * kHQBytes, q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh, q_ss,
+                              sq.y - m0, tid);
+    h_load_tile<kHBlockM, kDv>(do_t + stage * kHDoBytes, dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh,
+                               do_ss, sq.y - m0, tid);
     const int64_t ws = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0;
     if (tid < kHBlockM) {
       cp_async_4(smem_addr(lse_s + stage * kHBlockM + tid), lse2_ws + ws + tid);
@@ -183,9 +234,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
     }
   };
 
-  float dv_acc[kD / 2], dk_acc[kD / 2];  // (64 keys x D) per warpgroup, accumulator layout
+  float dv_acc[kDv / 2], dk_acc[kD / 2];  // (64 keys x D_v), (64 keys x D) per warpgroup, accumulator layout
 #pragma unroll
-  for (int i = 0; i < kD / 2; ++i) dv_acc[i] = dk_acc[i] = 0.f;
+  for (int i = 0; i < kDv / 2; ++i) dv_acc[i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kD / 2; ++i) dk_acc[i] = 0.f;
   const int key_w = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row within the tile (+8: second)
 
   if (steps > 0) load_q_side(0, 0);
@@ -208,100 +261,114 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
 
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
-    const uint32_t qs = q_t + stage * kHQBytes, dos = do_t + stage * kHQBytes;
+    const uint32_t qs = q_t + stage * kHQBytes, dos = do_t + stage * kHDoBytes;
     const float* lses = lse_s + stage * kHBlockM;
     const float* dvs = dvec_s + stage * kHBlockM;
-
-    // ---- S^T, dP^T (64 keys x 64 queries per warpgroup), one wgmma group each
-    float s[kHBlockM / 2], dp[kHBlockM / 2];
-    uint32_t p_frag[kHBlockM / 16][4], ds_frag[kHBlockM / 16][4];
-    fence_operands(s);
-    fence_operands(dp);
-    wgmma_fence();
-    h_issue_nt<kHBlockM>(s, k_t + wg * 64 * kHRowBytes, kHBlockN, qs, kHBlockM);
-    wgmma_commit();
-    h_issue_nt<kHBlockM>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos, kHBlockM);
-    wgmma_commit();
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
-    // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per
-    // sub-tile; queries j * 8.. lie in sub-tile j / 8).
+
+    float s[kHSubM / 2], dp[kHSubM / 2];
+    uint32_t p_frag[kHSubM / 16][4], ds_frag[kHSubM / 16][4];
     // After a wgmma_wait: the accumulators and this step's register A fragments are settled values again.
     auto fence_step_operands = [&]() {
       fence_operands(dv_acc);
       fence_operands(dk_acc);
 #pragma unroll
-      for (int kk = 0; kk < kHBlockM / 16; ++kk) {
+      for (int kk = 0; kk < kHSubM / 16; ++kk) {
         fence_operands(p_frag[kk]);
         fence_operands(ds_frag[kk]);
       }
     };
-    auto store_ds = [&](int j) {
-      unsigned char* sub = smem_raw + (ds_cur - raw) + (j / 8) * kHDsSubBytes + 4 * t4;
-      *reinterpret_cast<uint32_t*>(sub + sw128_offset(key_w, j % 8)) = Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
-      *reinterpret_cast<uint32_t*>(sub + sw128_offset(key_w + 8, j % 8)) = Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
-    };
+#pragma unroll
+    for (int sub = 0; sub < kHSubSteps; ++sub) {
+      const int q0 = sub * kHSubM;  // the sub-step's first query within the step
+      // ---- S^T, dP^T (64 keys x kHSubM queries per warpgroup), one wgmma group each
+      fence_operands(s);
+      fence_operands(dp);
+      wgmma_fence();
+      h_issue_nt<kHSubM, kD>(s, k_t + wg * 64 * kHRowBytes, kHBlockN, qs + q0 * kHRowBytes, kHBlockM);
+      wgmma_commit();
+      h_issue_nt<kHSubM, kDv>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos + q0 * kHRowBytes, kHBlockM);
+      wgmma_commit();
+      // One dS^T buffer: both warpgroups' dQ of the previous step has read it (retired) before it is written.
+      if (kHDsBuffers == 1 && sub == 0) __syncthreads();
+      // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per
+      // sub-tile; queries j * 8.. of the sub-step lie in sub-tile (q0 + 8 j) / 64).
+      auto store_ds = [&](int j) {
+        const int chunk = q0 / 8 + j;  // 8-query chunk within the step
+        unsigned char* sub_tile = smem_raw + (ds_cur - raw) + (chunk / 8) * kHDsSubBytes + 4 * t4;
+        *reinterpret_cast<uint32_t*>(sub_tile + sw128_offset(key_w, chunk % 8)) =
+            Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
+        *reinterpret_cast<uint32_t*>(sub_tile + sw128_offset(key_w + 8, chunk % 8)) =
+            Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
+      };
 
-    fence_operands(dv_acc);
-    fence_operands(dk_acc);
-    if constexpr (kHPipelined) {
-      // P^T while dP^T is still on the tensor cores, then dV += P^T dO while dS^T is formed.
-      wgmma_wait<1>();
-      fence_operands(s);
+      fence_operands(dv_acc);
+      fence_operands(dk_acc);
+      if constexpr (kHPipelined) {
+        // P^T while dP^T is still on the tensor cores, then dV += P^T dO while dS^T is formed.
+        wgmma_wait<1>();
+        fence_operands(s);
 #pragma unroll
-      for (int j = 0; j < kHBlockM / 8; ++j) {
+        for (int j = 0; j < kHSubM / 8; ++j) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = j * 8 + 2 * t4 + (r & 1);  // query within the step
-          const int key = key_w + (r >> 1) * 8;      // key within the block
-          float x = exp2f(s[4 * j + r] * scale_log2 - lses[col]);
-          if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
-          s[4 * j + r] = x;
+          for (int r = 0; r < 4; ++r) {
+            const int col = q0 + j * 8 + 2 * t4 + (r & 1);  // query within the step
+            const int key = key_w + (r >> 1) * 8;           // key within the block
+            float x = exp2f(s[4 * j + r] * scale_log2 - lses[col]);
+            if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
+            s[4 * j + r] = x;
+          }
         }
-      }
-      h_pack(p_frag, s);
-      wgmma_fence();
-      h_issue_rs(dv_acc, p_frag, dos);
-      wgmma_commit();
-      wgmma_wait<1>();  // dP^T retired (dV may still run)
-      fence_operands(dp);
+        h_pack(p_frag, s);
+        wgmma_fence();
+        h_issue_rs<kDv>(dv_acc, p_frag, dos + q0 * kHRowBytes);
+        wgmma_commit();
+        wgmma_wait<1>();  // dP^T retired (dV may still run)
+        fence_operands(dp);
 #pragma unroll
-      for (int j = 0; j < kHBlockM / 8; ++j) {
+        for (int j = 0; j < kHSubM / 8; ++j) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) dp[4 * j + r] = s[4 * j + r] * (dp[4 * j + r] - dvs[j * 8 + 2 * t4 + (r & 1)]);
-        store_ds(j);
-      }
-      h_pack(ds_frag, dp);
-      wgmma_fence();
-      h_issue_rs(dk_acc, ds_frag, qs);
-      wgmma_commit();
-    } else {
-      // Softcap: 1 - tanh^2 of each score is needed for dS^T, so P^T and dS^T are formed in one pass.
-      wgmma_wait<0>();
-      fence_operands(s);
-      fence_operands(dp);
-#pragma unroll
-      for (int j = 0; j < kHBlockM / 8; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int col = j * 8 + 2 * t4 + (r & 1);
-          const int key = key_w + (r >> 1) * 8;
-          float dt = 1.f;
-          float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(s[4 * j + r], dt) - lses[col]);
-          if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
-          s[4 * j + r] = x;
-          dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
+          for (int r = 0; r < 4; ++r)
+            dp[4 * j + r] = s[4 * j + r] * (dp[4 * j + r] - dvs[q0 + j * 8 + 2 * t4 + (r & 1)]);
+          store_ds(j);
         }
-        store_ds(j);
+        h_pack(ds_frag, dp);
+        wgmma_fence();
+        h_issue_rs<kD>(dk_acc, ds_frag, qs + q0 * kHRowBytes);
+        wgmma_commit();
+      } else {
+        // Softcap: 1 - tanh^2 of each score is needed for dS^T, so P^T and dS^T are formed in one pass.
+        wgmma_wait<0>();
+        fence_operands(s);
+        fence_operands(dp);
+#pragma unroll
+        for (int j = 0; j < kHSubM / 8; ++j) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int col = q0 + j * 8 + 2 * t4 + (r & 1);
+            const int key = key_w + (r >> 1) * 8;
+            float dt = 1.f;
+            float x = exp2f(sc.logit2<HAS_SOFTCAP != 0>(s[4 * j + r], dt) - lses[col]);
+            if (!full && !vis.visible(m0 + col, n0 + key)) x = 0.f;
+            s[4 * j + r] = x;
+            dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
+          }
+          store_ds(j);
+        }
+        h_pack(p_frag, s);
+        h_pack(ds_frag, dp);
+        wgmma_fence();
+        h_issue_rs<kDv>(dv_acc, p_frag, dos + q0 * kHRowBytes);
+        h_issue_rs<kD>(dk_acc, ds_frag, qs + q0 * kHRowBytes);
+        wgmma_commit();
       }
-      h_pack(p_frag, s);
-      h_pack(ds_frag, dp);
-      wgmma_fence();
-      h_issue_rs(dv_acc, p_frag, dos);
-      h_issue_rs(dk_acc, ds_frag, qs);
-      wgmma_commit();
+      fence_operands(dv_acc);
+      fence_operands(dk_acc);
+      if constexpr (kHSubSteps > 1) {
+        wgmma_wait<0>();  // this sub-step's dV / dK retired: the next one's S^T / dP^T take their registers
+        fence_step_operands();
+      }
     }
-    fence_operands(dv_acc);
-    fence_operands(dk_acc);
 
     fence_proxy_async_shared();  // dS^T written by plain stores, read by the tensor cores
     __syncthreads();  // (B) both halves
@@ -317,33 +384,29 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
       fence_step_operands();
     }
 
-    // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major)
-    // ---- every step, both warpgroups: d128 its 64 columns, d64 its 64 query rows
-    float dq[kHDqCols / 2];
-    {
-      const uint32_t k_cols = k_t + (kHDqSplit ? wg : 0) * (kHBlockN * kHRowBytes);  // this warpgroup's columns
-      const uint32_t ds_rows = ds_cur + (kHDqRows ? wg : 0) * kHDsSubBytes;  // kHDqRows: this warpgroup's queries
+    // ---- dQ = dS K: A = dS^T tile (MN-major), B = K tile (MN-major), in rounds of 64 columns
+    // ---- every step, both warpgroups: d128 its 64 columns, d64 its 64 query rows; 192/128 one warpgroup columns
+    // ---- 0-63 and 128-191 (two rounds, one after the other: 64 accumulators would not fit next to dK / dV), the
+    // ---- other 64-127, swapping shares from step to step
+    const bool dq_wide = kHValueOwn && ((uniform_warpgroup(tid) + step) & 1) == 0;
+    const uint32_t ds_rows = ds_cur + (kHDqRows ? wg : 0) * kHDsSubBytes;  // kHDqRows: this warpgroup's queries
+    const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;      // query within the step
+    const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
+#pragma unroll
+    for (int round = 0; round < kHDqRounds; ++round) {
+      if (round > 0 && !dq_wide) break;
+      const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? wg : 0;  // 64-column block
+      float dq[32];
       fence_operands(dq);
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kHBlockN / 16; ++kk) {  // all 128 keys, 16 per k-step
-        const uint32_t key_rows = kk * 16 * kHRowBytes;
-        const uint64_t da = sw128_descriptor(ds_rows + key_rows, kHDsSubBytes, kSwizzleAtomBytes);
-        const uint64_t db = sw128_descriptor(k_cols + key_rows, kHKvBytes, kSwizzleAtomBytes);
-        sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
-      }
+      h_issue_dq(dq, ds_rows, k_t + col_tile * kHKSubBytes);
       wgmma_commit();
-    }
-    wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
-    fence_step_operands();
-    {
+      wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
+      fence_step_operands();
       fence_operands(dq);
-      const int col0 = kHDqSplit ? wg * 64 : 0;
-      const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;  // query within the step
-      const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
-      float* dst = dq_accum + ws_row * kD + col0;
+      float* dst = dq_accum + ws_row * kD + col_tile * 64;
 #pragma unroll
-      for (int j = 0; j < kHDqCols / 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
         const int col = j * 8 + 2 * t4;
         if (m0 + q_row < sq.y) atomic_add_f32x2(dst + col, dq[4 * j], dq[4 * j + 1]);
         if (m0 + q_row + 8 < sq.y)
@@ -353,26 +416,25 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   }
   cp_async_wait<0>();
 
-  // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
-  const int64_t row8 = int64_t(8) * kv_heads * kD;
+  // dK (batch, seqlen_k, kv_heads, D), dV (batch, seqlen_k, kv_heads, D_v) contiguous; dK carries the softmax
+  // scale of s = scale * q.k
   const int key = n0 + key_w;
   const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
-  T* dk_row = dk + (tok * kv_heads + hk) * kD;
-  T* dv_row = dv + (tok * kv_heads + hk) * kD;
+  // Rows key and key + 8 of a (tokens, kv_heads, kCols) gradient from its accumulator, times `scale`.
+  auto store_rows = [&](T* grad, const auto& acc, auto cols, float scale) {
+    constexpr int kCols = decltype(cols)::value;
+    T* row = grad + (tok * kv_heads + hk) * kCols;
+    const int64_t row8 = int64_t(8) * kv_heads * kCols;
 #pragma unroll
-  for (int j = 0; j < kD / 8; ++j) {
-    const int col = j * 8 + 2 * t4;
-    if (key < sk.y) {
-      *reinterpret_cast<uint32_t*>(dk_row + col) =
-          Traits::pack2(dk_acc[4 * j] * softmax_scale, dk_acc[4 * j + 1] * softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[4 * j], dv_acc[4 * j + 1]);
+    for (int j = 0; j < kCols / 8; ++j) {
+      const int col = j * 8 + 2 * t4;
+      if (key < sk.y) *reinterpret_cast<uint32_t*>(row + col) = Traits::pack2(acc[4 * j] * scale, acc[4 * j + 1] * scale);
+      if (key + 8 < sk.y)
+        *reinterpret_cast<uint32_t*>(row + row8 + col) = Traits::pack2(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);
     }
-    if (key + 8 < sk.y) {
-      *reinterpret_cast<uint32_t*>(dk_row + row8 + col) =
-          Traits::pack2(dk_acc[4 * j + 2] * softmax_scale, dk_acc[4 * j + 3] * softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[4 * j + 2], dv_acc[4 * j + 3]);
-    }
-  }
+  };
+  store_rows(dk, dk_acc, std::integral_constant<int, kD>{}, softmax_scale);
+  store_rows(dv, dv_acc, std::integral_constant<int, kDv>{}, 1.f);
 }
 
 }  // namespace bwd

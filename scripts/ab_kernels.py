@@ -17,7 +17,7 @@ the last bits from call to call).
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward (kernel time in a CUDA graph, and per eager call) and backward (eager), 4 x 4096, 16 heads,
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
-  and not), at d96 and d256 (the mma.sync body), causal, and at q/k 192, v 128, causal;
+  and not), at d96 and d256 (the mma.sync body), causal, and at q/k 192, v 128, causal (forward and backward);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -73,6 +73,11 @@ def _cases(torch, hfp):
             return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
 
         cases[f"bwd d{d} 4x4k {'causal' if causal else 'full'}"] = (backward, None)
+    q, k = (rand(4, 4096, 16, 192).requires_grad_() for _ in range(2))  # multi-head latent attention
+    v, grad = rand(4, 4096, 16, 128).requires_grad_(), rand(4, 4096, 16, 128)
+    mla_out = hfp.flash_attn_func(q, k, v, causal=True)
+    cases["bwd d192/128 4x4k causal"] = (
+        lambda q=q, k=k, v=v: torch.autograd.grad(mla_out, (q, k, v), grad, retain_graph=True), None)
     batch, length = 64, 4096
     q = rand(batch, 1, 32, 128)
     k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)

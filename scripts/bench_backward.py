@@ -14,8 +14,9 @@
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
 4. Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v 128; part ``value_head_dim``): the backward
-   of the public ``flash_attn_func`` (v, out and dout zero-padded to head dim 192 for the backward kernels,
-   ``hf_flashpatch/kernels/value_head_dim.py``; the pads timed too) against torch's SDPA on the same tensors, its own backend choice. TFLOP/s =
+   of the public ``flash_attn_func`` (on Hopper the wgmma body at 192/128; elsewhere v, out and dout zero-padded
+   to head dim 192, ``hf_flashpatch/kernels/value_head_dim.py``, the pads timed too) against torch's SDPA on the
+   same tensors, its own backend choice. TFLOP/s =
    2.5 * 2 * B * H * S^2 * (192 + 128) / time (halved for causal): the work at the native dims.
 
 5. ``--sweep``: every body this GPU can run (``default``, ``tiled``, and ``wgmma`` on Hopper, each with the
@@ -203,7 +204,7 @@ def _retained_ours(forward_fn, q, k, v, dout):
 
 
 def run_value_head_dim(results: list, quick: bool = False) -> None:
-    """The 192/128 backward rows: ours (the backward kernels on v, out, dout padded to 192) and torch SDPA (its own
+    """The 192/128 backward rows: ours (the route ``flash_attn_func`` takes on this GPU) and torch SDPA (its own
     backend choice)."""
     import hf_flashpatch
     from bench_forward import MLA_DIMS, _mla_inputs

@@ -103,6 +103,9 @@ def shipped_builds() -> dict:
                 for mask in (False, True):
                     config = forward_config(d, dtype_name, mask, arch, head_dim_v=d_v)
                     builds[f"fwd/{arch}/{dtype_name}/d{d}v{d_v}/mask{int(mask)}"] = config.build(arch)
+            for d, d_v in _backward_value_head_dim_pairs(arch):  # the backward taking a v head dim of its own
+                config = backward_config(d, dtype, False, arch, head_dim_v=d_v)
+                builds[f"bwd/{arch}/{dtype_name}/d{d}v{d_v}/softcap0/det0"] = config.build()
             for d in _backward_only_head_dims():  # the padded backward of a v head dim of its own
                 for softcap in (False, True):
                     for det in (False, True):
@@ -125,6 +128,15 @@ def _value_head_dim_pairs(arch: str) -> list:
     except ImportError:
         return []
     return [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
+
+
+def _backward_value_head_dim_pairs(arch: str) -> list:
+    """The (q/k, v) head-dim pairs a backward kernel of ``arch`` takes (none in checkouts older than them)."""
+    try:
+        from hf_flashpatch.kernels.heuristics import HOPPER_BACKWARD_VALUE_HEAD_DIMS, native_backward_value_head_dim
+    except ImportError:
+        return []
+    return [pair for pair in HOPPER_BACKWARD_VALUE_HEAD_DIMS if native_backward_value_head_dim(*pair, arch)]
 
 
 def _backward_only_head_dims() -> list:

@@ -169,7 +169,7 @@ def kernel_device(monkeypatch):
     def kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
                         deterministic):  # fmt: skip
         launches.append(("backward", q.shape[-1], k.shape[-1], v.shape[-1]))
-        assert cfg.head_dim == q.shape[-1] == v.shape[-1]
+        assert cfg.head_dim == q.shape[-1] and (cfg.head_dim_v or cfg.head_dim) == v.shape[-1]
         return backward_torch.torch_backward(dout, q, k, v, out, lse, dlse, cu_q, cu_k, scale, left, right, softcap)
 
     def decline_decode(q, k, v, *args, **kwargs):
@@ -213,22 +213,27 @@ def hopper_pairs(monkeypatch):
                         lambda q, v: native_value_head_dim(q.shape[-1], v.shape[-1], "sm_90a"))  # fmt: skip
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_native_pair_takes_the_unpadded_forward_and_a_padded_backward(kernel_device, hopper_pairs, grad):
-    """192/128 on Hopper: the forward kernel runs at the native dims, for training too; the backward kernels take
-    one head dim, so the gradients run on v, out and dout zero-padded to 192. Other pairs are padded either way."""
+@pytest.mark.parametrize("grad", [False, True, "softcap", "deterministic"])
+def test_native_pair_takes_the_unpadded_forward_and_backward(kernel_device, hopper_pairs, grad):
+    """192/128 on Hopper: the forward kernel runs at the native dims, for training too, and so does the backward
+    but with softcap or ``deterministic=True`` (the gradients then run on v, out and dout zero-padded to 192).
+    Other pairs are padded either way."""
     q, k, v = _qkv(seqlen_q=5, seqlen_k=11, dims=(192, 128))
     leaves = _leaves(q, k, v) if grad else [q, k, v]
-    out = hfp.flash_attn_func(*leaves, causal=True)
+    attn = dict(causal=True, softcap=4.0 if grad == "softcap" else None, deterministic=grad == "deterministic")
+    out = hfp.flash_attn_func(*leaves, **attn)
     ref_leaves = _leaves(q, k, v)
-    ref_out, _ = attention_reference(*ref_leaves, causal=True)
+    ref_out, _ = attention_reference(*ref_leaves, causal=True, softcap=attn["softcap"])
     torch.testing.assert_close(out, ref_out, **TOL)
     if grad:
         for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     forward_launch = ("forward", 192, 192, 128)
     tried = ("decode", 192, 192, 128)  # few queries, no gradients: the decode kernel is asked first (and declines)
-    assert kernel_device == ([forward_launch, ("backward", 192, 192, 192)] if grad else [tried, forward_launch])
+    backward_launch = ("backward", 192, 192, 128) if grad is True else ("backward", 192, 192, 192)
+    assert kernel_device == ([forward_launch, backward_launch] if grad else [tried, forward_launch])
+    if grad:
+        return  # the inference routes below are the same whatever the backward does
     kernel_device.clear()
     cu = torch.tensor([0, 4, 9], dtype=torch.int32)
     packed = [t.reshape(-1, *t.shape[2:])[:9] for t in (q, k, v)]  # (T, H, D | D_v)
@@ -270,6 +275,42 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(KernelUnsupported, match="one CUDA device"):  # 192/64 passes too: it pads to 256
         forward._check_supported(q, k, v[..., :64])
+
+
+def test_backward_launch_at_a_native_pair(monkeypatch):
+    """The backward at 192/128 on Hopper: the wgmma build with HEAD_DIM_V, the preprocess over out's 128 columns,
+    dQ's fp32 workspace at 192, dK at 192 and dV at 128, 128-key blocks; refused for what the build does not take."""
+    from launch_recorder import RecordingKernel
+
+    from hf_flashpatch.kernels import backward
+
+    launched, built = [], []
+    monkeypatch.setattr(backward, "get_kernel", lambda build, entry, device: built.append(build)
+                        or RecordingKernel(entry, launched))  # fmt: skip
+    monkeypatch.setattr(backward, "sm_count", lambda device: 132)
+    q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=300, dims=(192, 128)))  # (2, S, 4 | 2, D | D_v)
+    out, dout = (torch.zeros(*q.shape[:-1], 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.zeros(2, 4, 70)
+    cfg = backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_90a", head_dim_v=128)
+    dq, dk, dv = backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 70, 300, 0.1, -1, 0, 0.0, False)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert [entry for entry, _grid, _args in launched] == ["bwd_preprocess", "bwd_dkdv_dq_atomic", "bwd_convert_dq"]
+    defines = dict(built[0].defines)
+    assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BWD_WGMMA"], defines["HAS_SOFTCAP"]) == (
+        "192", "128", "1", "0")
+    (_entry, grid, args) = launched[1]
+    assert sorted(grid) == [2, 2, math.ceil(300 / 128)]  # (kv heads, key blocks, batch) in either order
+    dq_accum = args[6]
+    assert dq_accum.shape[-1] == 192 and dq_accum.dtype == torch.float32
+    with pytest.raises(KernelUnsupported, match="does not take"):  # v padded to 192 is not this build's v
+        backward._kernel_backward(cfg, dout, q, k, torch.zeros_like(k), out, lse, None, None, None, 70, 300, 0.1, -1, 0,
+                                  0.0, False)  # fmt: skip
+    with pytest.raises(KernelUnsupported, match="does not take"):  # no deterministic pair at 192/128
+        backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 70, 300, 0.1, -1, 0, 0.0, True)
+    with pytest.raises(ValueError, match="192 / 128 on sm_90a"):  # softcap: the padded route
+        backward.BackwardConfig.choose(192, torch.bfloat16, True, "sm_90a", head_dim_v=128)
+    with pytest.raises(ValueError, match="192 / 128 on sm_80"):
+        backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_80", head_dim_v=128)
 
 
 def test_native_pair_configs():

@@ -4,8 +4,9 @@ and the autograd of ``hf_flashpatch::attention_forward`` built on it.
 Layout: q/out/dout ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``, lse ``(B, H, S_q)`` fp32 natural log;
 varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, lse ``(H, T_q)``, ``cu_seqlens`` int32 ``(N + 1,)``.
 Any strides with a contiguous last dim (16-byte aligned rows; anything else is copied first).
-v/out/dout may have a head dim of their own, ``D_v`` (multi-head latent attention): the kernels then run on
-exactly zero-padded inputs (:func:`.value_head_dim.padded_gradients`).
+v/out/dout may have a head dim of their own, ``D_v`` (multi-head latent attention): the Hopper body takes 192/128
+itself (:func:`.heuristics.native_backward_value_head_dim`); other pairs, softcap, ``deterministic=True`` and other
+GPUs run on exactly zero-padded inputs (:func:`.value_head_dim.padded_gradients`).
 Returns dq in q's shape and dtype, dk/dv in k/v's (contiguous). Query head ``h`` reads KV head
 ``h // (H // H_kv)``; dk/dv sum over the group inside the kernel (no ``repeat_kv`` copy).
 
@@ -19,7 +20,7 @@ Launch sequence (one stream):
    ``dO V^T`` (7 GEMMs instead of 5, so slower: the atomic path is the default; ``notes/backward.md``).
 
 Bodies (chosen by :meth:`BackwardConfig.choose`): ``wgmma`` (``cuda/bwd_hopper.cuh``: every GEMM on
-Hopper's warpgroup MMA; sm_90a, d64/d128), ``tiled`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of
+Hopper's warpgroup MMA; sm_90a, d64/d128 and 192/128), ``tiled`` (``cuda/bwd_tiled.cuh``: FA2's 2-D warp tiling of
 all five GEMMs; d64/d128 on other GPUs) and ``default`` (the per-warp 16-key body of ``bwd_default.cuh``:
 the other head dims, and ``deterministic=True``, whose two-kernel path only it has). Benchmarks time
 another configuration by passing it to :func:`_kernel_backward` explicitly.
@@ -45,7 +46,7 @@ from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason  # noq
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from .heuristics import backward_tiles
+from .heuristics import HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim
 from .value_head_dim import padded_gradients, padded_head_dim
 
 _ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
@@ -80,6 +81,7 @@ class BackwardConfig:
     tiled_unroll: int = 2  # unroll of the tiled body's shared-memory GEMM k loops
     tiled_block_m: int = 64  # query rows per step of the tiled body (128: d64 only, shared memory)
     wgmma_block_m: int = 64  # wgmma body: queries per step (128 at d64, dQ split by query rows; 64 at d128)
+    head_dim_v: Optional[int] = None  # v's head dim where the build takes its own (wgmma body, 192/128); None: head_dim
 
     @property
     def block_n(self) -> int:
@@ -95,14 +97,15 @@ class BackwardConfig:
 
     @staticmethod
     def choose(head_dim: int, dtype: torch.dtype, softcap: bool, arch: str = "sm_90a",
-               deterministic: bool = False) -> "BackwardConfig":  # fmt: skip
-        """The config for a call: body and tiles from :func:`.heuristics.backward_tiles`; raises
+               deterministic: bool = False, head_dim_v: Optional[int] = None) -> "BackwardConfig":  # fmt: skip
+        """The config for a call: body and tiles from :func:`.heuristics.backward_tiles` (``head_dim_v``: v's head
+        dim, for a pair :func:`.heuristics.native_backward_value_head_dim` takes); raises
         :class:`KernelUnsupported` for head dims and dtypes the kernels do not serve."""
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise KernelUnsupported(f"backward kernel head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
         if dtype not in (torch.float16, torch.bfloat16):
             raise KernelUnsupported(f"backward kernel needs float16 or bfloat16, got {dtype}")
-        tiles = backward_tiles(head_dim, bool(softcap), arch, deterministic)
+        tiles = backward_tiles(head_dim, bool(softcap), arch, deterministic, head_dim_v=head_dim_v)
         return BackwardConfig(head_dim, dtype == torch.bfloat16, bool(softcap), arch=arch, **tiles)
 
     def build(self) -> KernelBuild:
@@ -118,6 +121,8 @@ class BackwardConfig:
             if self.arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma backward body needs sm_90a, got {self.arch}")
             defines += (("BWD_WGMMA", 1), ("BWD_WGMMA_BLOCK_M", self.wgmma_block_m))
+            if self.head_dim_v is not None:
+                defines += (("HEAD_DIM_V", self.head_dim_v),)
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
 
 
@@ -129,6 +134,12 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
         for dtype in (torch.bfloat16, torch.float16)
         for softcap in (False, True)
         for deterministic in (False, True)
+    ]
+    builds += [
+        BackwardConfig.choose(d, dtype, False, arch, head_dim_v=d_v).build()
+        for d, d_v in HOPPER_BACKWARD_VALUE_HEAD_DIMS
+        if native_backward_value_head_dim(d, d_v, arch)
+        for dtype in (torch.bfloat16, torch.float16)
     ]
     return list(dict.fromkeys(builds))
 
@@ -146,16 +157,19 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float,
                     deterministic: bool = False) -> BackwardConfig:  # fmt: skip
     """The config that serves this call, or :class:`KernelUnsupported` saying why none does. Where v's head dim
-    differs from q's, the config is the one of the padded head dim (:func:`.value_head_dim.padded_head_dim`)."""
+    differs from q's, the config takes the pair (:func:`.heuristics.native_backward_value_head_dim`: ``head_dim_v``
+    set), else it is the one of the padded head dim (:func:`.value_head_dim.padded_head_dim`)."""
     reason = kernels_unavailable_reason(q)
     if reason is not None:
         raise KernelUnsupported(reason)
     if k.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs k's head_dim == q's, got {tuple(k.shape)} and {tuple(q.shape)}")
-    head_dim = q.shape[-1]
-    if v.shape[-1] != head_dim:
-        head_dim = padded_head_dim(head_dim, v.shape[-1], SUPPORTED_HEAD_DIMS)
+    head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
+    if head_dim_v != head_dim:
+        if native_backward_value_head_dim(head_dim, head_dim_v, arch, bool(softcap), bool(deterministic)):
+            return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic), head_dim_v)
+        head_dim = padded_head_dim(head_dim, head_dim_v, SUPPORTED_HEAD_DIMS)
     return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic))
 
 
@@ -200,6 +214,9 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
 
     rows_pad = (rows_valid + _ROW_PAD - 1) // _ROW_PAD * _ROW_PAD + _ROW_PAD
     device = q.device
+    if v.shape[-1] != (cfg.head_dim_v or head_dim) or (deterministic and cfg.head_dim_v is not None):
+        raise KernelUnsupported(f"backward config {cfg} does not take q {tuple(q.shape)} with v {tuple(v.shape)} "
+                                f"(deterministic {deterministic})")  # fmt: skip
     if deterministic and cfg.body != "default":  # an explicit cfg of another body: it has no dQ-free twin
         cfg = BackwardConfig.choose(head_dim, q.dtype, cfg.softcap, cfg.arch, deterministic=True)
     build = cfg.build()
@@ -267,7 +284,7 @@ def _backward_impl(
             return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
 
-        if v.shape[-1] == q.shape[-1]:
+        if v.shape[-1] == q.shape[-1] or cfg.head_dim_v is not None:  # one head dim, or a kernel taking the pair
             return run(dout, q, k, v, out)
         return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=SUPPORTED_HEAD_DIMS)
     except KernelUnsupported as exc:

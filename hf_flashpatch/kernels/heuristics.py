@@ -10,7 +10,7 @@ its results folder: ``notes/``.
 
 - forward: :func:`forward_tile_shape` (``cuda/fwd.cu``, ``cuda/fwd_hopper_ws.cu``);
 - backward: :func:`backward_tiles` (``cuda/bwd.cu`` with ``bwd_default.cuh`` / ``bwd_tiled.cuh`` /
-  ``bwd_hopper.cuh``);
+  ``bwd_hopper.cuh``), :func:`native_backward_value_head_dim`;
 - decode: :func:`choose_num_splits` and :func:`ctas_per_sm` (``cuda/decode.cu``; its compile-time
   configuration has no choice left but dtype, head dim, addressing and softcap).
 
@@ -133,13 +133,33 @@ def mma_tile_shape(head_dim: int) -> TileShape:
 # =========================================================================================== backward
 
 BACKWARD_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # 192: the padded backward of 192/128 (value_head_dim.py)
+# (q/k head dim, v head dim) pairs the Hopper backward body takes itself (cuda/bwd_hopper.cuh: 64 keys x (192 + 128)
+# dK / dV columns per warpgroup in registers, each 64-query step in two sub-steps of 32). Without softcap and
+# non-deterministic only: the softcap build spills (24 bytes), and the deterministic pair takes one head dim. Those,
+# other pairs and other GPUs take the exact zero-padding route (value_head_dim.py: v padded to 192).
+HOPPER_BACKWARD_VALUE_HEAD_DIMS = ((192, 128),)
 
 
-def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", deterministic: bool = False) -> dict:
-    """``BackwardConfig`` fields (besides head dim, dtype, softcap, arch) for a call. Registers are the
+def native_backward_value_head_dim(head_dim: int, head_dim_v: int, arch: str, softcap: bool = False,
+                                   deterministic: bool = False) -> bool:  # fmt: skip
+    """Whether a backward kernel takes q/k at ``head_dim`` and v at ``head_dim_v != head_dim`` itself."""
+    return (arch == "sm_90a" and (head_dim, head_dim_v) in HOPPER_BACKWARD_VALUE_HEAD_DIMS and not softcap
+            and not deterministic)  # fmt: skip
+
+
+def backward_tiles(head_dim: int, softcap: bool, arch: str = "sm_90a", deterministic: bool = False,
+                   head_dim_v: int | None = None) -> dict:  # fmt: skip
+    """``BackwardConfig`` fields (besides head dim, dtype, softcap, arch) for a call (``head_dim_v``: v's head dim
+    where it differs and :func:`native_backward_value_head_dim` holds). Registers are the
     limit: dK and dV accumulate in registers for the whole block, 2 * 16 * head_dim / 32 fp32 per
     thread per warp. ``bwd_dkdv``: ``num_warps`` warps in ``num_warps / d_split`` groups of 16 keys;
     ``bwd_dq`` (deterministic only): ``dq_warps * 16`` query rows, ``dq_block_n`` keys per step."""
+    if head_dim_v is not None and head_dim_v != head_dim:
+        if not native_backward_value_head_dim(head_dim, head_dim_v, arch, softcap, deterministic):
+            raise ValueError(f"no backward kernel takes head dims {head_dim} / {head_dim_v} on {arch} (softcap "
+                             f"{softcap}, deterministic {deterministic})")  # fmt: skip
+        # The Hopper body: two warpgroups of 64 keys, 64-query steps (two sub-steps of 32), one dS^T buffer.
+        return dict(block_m=64, body="wgmma", wgmma_block_m=64, head_dim_v=head_dim_v)
     if head_dim == 256:
         # 128 dK/dV registers per warp-row would not fit: two warps share 16 keys, each owning half
         # of D (S and dP are computed by both), and bwd_dq takes 64-row tiles to fit its smem.
@@ -213,11 +233,13 @@ def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str, head_di
     return ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch, head_dim_v=head_dim_v)
 
 
-def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministic: bool = False):
-    """The ``BackwardConfig`` the backward launches for a problem (``dtype``: a torch dtype)."""
+def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministic: bool = False,
+                    head_dim_v: int | None = None):  # fmt: skip
+    """The ``BackwardConfig`` the backward launches for a problem (``dtype``: a torch dtype; ``head_dim_v``: v's,
+    where it differs and a kernel takes the pair)."""
     from .backward import BackwardConfig
 
-    return BackwardConfig.choose(head_dim, dtype, softcap, arch, deterministic)
+    return BackwardConfig.choose(head_dim, dtype, softcap, arch, deterministic, head_dim_v=head_dim_v)
 
 
 def decode_config(head_dim: int, bf16: bool, addressing: str, softcap: bool, head_dim_v: int | None = None):

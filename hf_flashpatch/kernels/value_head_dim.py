@@ -5,8 +5,9 @@ DeepSeek-V3: 128 without RoPE + 64 with it) and a value head dim ``D_v`` (128). 
 (``hf_flashpatch::attention_forward``) and its backward take every such pair:
 
 - on Hopper at 192/128 the forward kernel takes the pair itself (``cuda/fwd_hopper_ws.cu``,
-  :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`); the backward kernels take one head dim,
-  so the gradients run on zero-padded inputs (:func:`padded_gradients`);
+  :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`), and so does the backward (``cuda/bwd_hopper.cuh``,
+  :func:`~hf_flashpatch.kernels.heuristics.native_backward_value_head_dim`) but with softcap or
+  ``deterministic=True``, whose gradients run on zero-padded inputs (:func:`padded_gradients`);
 - every other pair, and other GPUs, run the forward on zero-padded inputs as well (:func:`padded_attention`).
 
 Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`: the smallest the forward, or the backward,

@@ -63,11 +63,11 @@ def variant(request, monkeypatch):
     this GPU), "default" the deterministic path's; "shipped" leaves the heuristics alone."""
     real = heuristics.backward_tiles
     if request.param == "tiled":
-        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False:
-                            real(d, softcap, "sm_80", deterministic))  # fmt: skip
+        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False, **kw:
+                            real(d, softcap, "sm_80", deterministic, **kw))  # fmt: skip
     elif request.param == "default":
-        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False:
-                            real(d, softcap, arch, True))  # fmt: skip
+        monkeypatch.setattr(bwd, "backward_tiles", lambda d, softcap, arch="sm_90a", deterministic=False, **kw:
+                            real(d, softcap, arch, True, **kw))  # fmt: skip
     return request.param
 
 

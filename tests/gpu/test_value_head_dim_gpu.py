@@ -1,5 +1,5 @@
 """A value head dim of its own (``D_v != D``: multi-head latent attention, DeepSeek-V3's 192/128) on the CUDA
-kernels, against the fp32 oracle: the native 192/128 forward on Hopper (training included; its backward runs
+kernels, against the fp32 oracle: the native 192/128 forward and backward on Hopper (the backward with softcap
 on zero-padded inputs), the 192/128 decode kernels, else the exact zero-padding route
 (:mod:`hf_flashpatch.kernels.value_head_dim`).
 
@@ -29,7 +29,7 @@ pytest.importorskip("pycuda")
 import hf_flashpatch as hfp  # noqa: E402
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
-from hf_flashpatch.kernels.heuristics import native_value_head_dim  # noqa: E402
+from hf_flashpatch.kernels.heuristics import native_backward_value_head_dim, native_value_head_dim  # noqa: E402
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DEV = "cuda"
@@ -48,9 +48,11 @@ def _qkv(batch, seqlen_q, seqlen_k, heads, dims, seed=0, requires_grad=False):
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
-def _sdpa_bf16(q, k, v, causal):
-    """The same-precision run: torch's sdpa in bf16 on ``(B, H, S, D)`` views, bottom-right causal as a mask."""
-    mask = visibility_mask(q.shape[1], k.shape[1], -1, 0 if causal else -1, device=q.device)  # (S_q, S_k)
+def _sdpa_bf16(q, k, v, causal, window=(-1, -1)):
+    """The same-precision run: torch's sdpa in bf16 on ``(B, H, S, D)`` views, bottom-right causal (or the window
+    ``(left, right)``) as a mask."""
+    left, right = (-1, 0) if causal else window
+    mask = visibility_mask(q.shape[1], k.shape[1], left, right, device=q.device)  # (S_q, S_k)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          enable_gqa=k.shape[2] != q.shape[2])  # fmt: skip
     return out.transpose(1, 2)  # (B, S_q, H, D_v)
@@ -111,6 +113,15 @@ def _forward_launch(dims, device) -> tuple:
     return ("forward", padded, padded, padded)
 
 
+def _backward_launch(dims, device) -> tuple:
+    """The head dims the backward kernel is launched with (no softcap, not deterministic)."""
+    d, d_v = dims
+    if native_backward_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: the wgmma body takes it
+        return ("backward", d, d, d_v)
+    padded = 192 if (d, d_v) == (192, 128) else 64  # the backward's head dims include 192: q/k stay, v is padded
+    return ("backward", padded, padded, padded)
+
+
 @pytest.mark.parametrize("dims", list(DIMS))
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("seqlens", SEQLENS, ids=[f"{a}x{b}" for a, b in SEQLENS])
@@ -132,27 +143,58 @@ def test_forward_matches_the_oracle(dims, heads, seqlens, causal, padded_calls):
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
 
 
+GRAD_SEQLENS = [(113, 239), (239, 239), (1, 113), (1023, 1023)]
+
+
 @pytest.mark.parametrize("dims", list(DIMS))
 @pytest.mark.parametrize("heads", list(HEADS))
-@pytest.mark.parametrize("seqlens", [(113, 239), (239, 239), (1, 113)], ids=["113x239", "239x239", "1x113"])
-def test_gradients_match_the_oracle(dims, heads, seqlens, padded_calls):
-    """dq, dk, dv: the forward as for inference (native 192/128 on Hopper), the backward kernel at the padded head
-    dim (192 for 192/128: v, out and dout padded); causal."""
+@pytest.mark.parametrize("seqlens", GRAD_SEQLENS, ids=[f"{a}x{b}" for a, b in GRAD_SEQLENS])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradients_match_the_oracle(dims, heads, seqlens, causal, padded_calls):
+    """dq, dk, dv: the forward as for inference (native 192/128 on Hopper), the backward kernel taking the pair on
+    Hopper at 192/128, else at the padded head dim (192 for 192/128: v, out and dout padded)."""
     q, k, v = _qkv(2, *seqlens, HEADS[heads], DIMS[dims], seed=1, requires_grad=True)
     grad = torch.randn(*q.shape[:3], v.shape[-1], device=DEV, dtype=torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        got = torch.autograd.grad(hfp.flash_attn_func(q, k, v, causal=True), (q, k, v), grad)
+        got = torch.autograd.grad(hfp.flash_attn_func(q, k, v, causal=causal), (q, k, v), grad)
     _no_fallback(caught)
     leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
-    wants = torch.autograd.grad(attention_reference(*leaves, causal=True)[0], leaves, grad.float())
+    wants = torch.autograd.grad(attention_reference(*leaves, causal=causal)[0], leaves, grad.float())
     low = [t.detach().requires_grad_() for t in (q, k, v)]
-    bases = torch.autograd.grad(_sdpa_bf16(*low, True), low, grad)
+    bases = torch.autograd.grad(_sdpa_bf16(*low, causal), low, grad)
     for name, g, b, w in zip(["dq", "dk", "dv"], got, bases, wants):
-        assert g.shape == w.shape, name
+        assert g.shape == w.shape and not g.isnan().any(), name
         _within_twice(g, b, w, name)
-    padded = 192 if dims == "192-128" else 64  # the backward's head dims include 192: q/k stay, v is padded
-    assert padded_calls == [_forward_launch(DIMS[dims], q.device), ("backward", padded, padded, padded)]
+    assert padded_calls == [_forward_launch(DIMS[dims], q.device), _backward_launch(DIMS[dims], q.device)]
+
+
+@pytest.mark.parametrize("dims", list(DIMS))
+@pytest.mark.parametrize("window", [(-1, -1), (63, 0), (100, 17)], ids=["causal", "window63", "window100-17"])
+def test_varlen_gradients_match_the_oracle(dims, window, padded_calls):
+    """Packed sequences of awkward lengths (one of a single token), GQA, causal or a sliding window, gradients
+    included: the backward's varlen geometry with v's head dim of its own."""
+    lens = [1, 113, 239, 64, 300]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    total = sum(lens)
+    q, k, v = (t[0].detach().requires_grad_() for t in _qkv(1, total, total, HEADS["gqa"], DIMS[dims], seed=5))
+    grad = torch.randn(total, q.shape[1], v.shape[-1], device=DEV, dtype=torch.bfloat16)  # (T, H, D_v)
+    causal = window == (-1, -1)
+    attn = dict(causal=True) if causal else dict(window=window)
+    out = hfp.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), **attn)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want, _ = varlen_attention_reference(*leaves, cu, cu, **attn)
+    wants = torch.autograd.grad(want, leaves, grad.float())
+    low = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch.cat([_sdpa_bf16(low[0][None, a:b], low[1][None, a:b], low[2][None, a:b], causal, window)[0]
+                      for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])  # fmt: skip
+    bases = torch.autograd.grad(base, low, grad)
+    _within_twice(out, base, want, "out")
+    for name, g, b, w in zip(["dq", "dk", "dv"], got, bases, wants):
+        assert g.shape == w.shape and not g.isnan().any(), name
+        _within_twice(g, b, w, name)
+    assert padded_calls[-1] == _backward_launch(DIMS[dims], q.device)
 
 
 @pytest.mark.parametrize("dims", list(DIMS))
