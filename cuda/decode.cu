@@ -188,16 +188,18 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   float row_max[2] = {-INFINITY, -INFINITY};  // running max of scores (log2 domain) of rows g, g+8
   float row_sum[2] = {0.f, 0.f};              // running sum of 2^(score - row_max)
 
-  // Per-row visible key bounds [lo, hi] (inclusive); rows past rows_valid see nothing.
-  int vis_lo[2], vis_hi[2];
+  // Per-row visible keys of this CTA's chunk, [vis_lo, vis_lo + vis_len): the row's range cut at k_end; rows
+  // past rows_valid see none (vis_len 0). Final before the loop, so a score costs one compare: a bound the
+  // loop still had to combine with k_end or the row's validity is one nvcc recomputed from the window
+  // for every score instead of keeping it in a register.
+  int vis_lo[2], vis_len[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = g + half * 8;
     const int pos = (first_row + r) / group + shift;
     const RowKeyRange keys = row_key_range<true>(pos, window, seqlen_k);
     vis_lo[half] = keys.lo;
-    vis_hi[half] = keys.hi - 1;
-    if (r >= rows_valid) vis_hi[half] = -1;
+    vis_len[half] = r < rows_valid ? max(min(keys.hi, k_end) - keys.lo, 0) : 0;
   }
 
   for (int it = 0; it < n_tiles; ++it) {
@@ -232,7 +234,8 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2, key = key0 + nb * 8 + 2 * t + (e & 1);
         float s = p.scores.logit2<SOFTCAP != 0>(s_acc[nb][e]);
-        const bool visible = key >= vis_lo[half] && key <= vis_hi[half] && key < k_end;
+        // A key below vis_lo wraps to a large unsigned difference (keys and bounds stay far below 2^31).
+        const bool visible = (unsigned)(key - vis_lo[half]) < (unsigned)vis_len[half];
         s = visible ? s : -INFINITY;
         s_acc[nb][e] = s;
         tile_max[half] = fmaxf(tile_max[half], s);
@@ -367,13 +370,23 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 
 }  // namespace hfp
 
-// The split kernel's dynamic shared memory: the Q tile, then STAGES (K tile, V tile) pairs per warp (read by
-// the launch from the compiled module: Kernel.shared_bytes).
-extern "C" __constant__ int hfp_decode_split_shared_bytes = (hfp::kRows * hfp::kHeadDim + hfp::kWarps * STAGES * hfp::kStageElems) * 2;
+namespace hfp {
+// The split kernel's dynamic shared memory: the Q tile, then STAGES (K tile, V tile) pairs per warp.
+constexpr int kSplitSharedBytes = (kRows * kHeadDim + kWarps * STAGES * kStageElems) * 2;
+// Its resident CTAs per SM as the split heuristic plans them (kernels/heuristics.py ctas_per_sm: Hopper's
+// 228 KB per SM, 1 KB reserved per CTA, at most 4). The launch bounds hold ptxas to registers that keep
+// that residency: left free, it keeps loop-invariant addresses in registers past the count where they
+// cost a resident CTA (D = 64: 4 CTAs need <= 128).
+constexpr int kSplitCtasPerSm = (228 * 1024) / (kSplitSharedBytes + 1024) < 4 ? (228 * 1024) / (kSplitSharedBytes + 1024) : 4;
+}  // namespace hfp
+
+// Read by the launch from the compiled module (Kernel.shared_bytes).
+extern "C" __constant__ int hfp_decode_split_shared_bytes = hfp::kSplitSharedBytes;
 
 // Both kernels take the one parameter struct (cuda/decode_common.cuh; hf_flashpatch/kernels/decode.py
 // packs one buffer for the pair).
-extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32) hfp_decode_split(const __grid_constant__ hfp::DecodeParams p) {
+extern "C" __global__ void __launch_bounds__(hfp::kWarps * 32, hfp::kSplitCtasPerSm)
+    hfp_decode_split(const __grid_constant__ hfp::DecodeParams p) {
   hfp::decode_split(p);
 }
 
