@@ -99,6 +99,15 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
   using Entry = typename KvAddressT<Elem>::Entry;
   Entry entry_ahead = 0 < n_tiles ? p.kv.entry(b, lane_key(0)) : Entry(0);
 
+#if KV_ADDRESSING == 0
+  // Contiguous: key j's rows lie j rows past key 0's, so the (sequence, head) part of every row address is
+  // one base per CTA and a row costs one multiply-add of its key, taken unsigned (no sign extension).
+  // locate() per row would be the same address, but nvcc adds the head offset back into every row's.
+  long long k_off0, v_off0;
+  p.kv.locate(b, 0, k_off0, v_off0);
+  const Elem* k_seq = p.kv.k + k_off0 + (long long)kv_head * p.kv.k_stride2;
+  const Elem* v_seq = p.kv.v + v_off0 + (long long)kv_head * p.kv.v_stride2;
+#endif
   auto issue_tile = [&](int it) {
     const int slot = it % STAGES;
     if (it < n_tiles) {
@@ -130,10 +139,8 @@ __device__ __forceinline__ void decode_row_tile(const DecodeParams& p, int b, in
           (void)valid;
 #if KV_ADDRESSING == 0
           // Contiguous: the row address is plain arithmetic, no shuffle needed.
-          long long k_off, v_off;
-          p.kv.locate(b, valid ? key0 + row : k_begin, k_off, v_off);
-          return kIsV ? p.kv.v + v_off + (long long)kv_head * p.kv.v_stride2
-                      : p.kv.k + k_off + (long long)kv_head * p.kv.k_stride2;
+          const unsigned long long key = (unsigned)(valid ? key0 + row : k_begin);  // keys are >= 0
+          return kIsV ? v_seq + key * p.kv.v_stride1 : k_seq + key * p.kv.k_stride1;
 #else
           if constexpr (kArithRows) {
             // Rows past k_end are still inside the tile's page (page_size is a multiple of 16) and
