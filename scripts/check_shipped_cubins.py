@@ -2,11 +2,11 @@
 
     python scripts/check_shipped_cubins.py --compare scripts/shipped_cubins.json  # exit 1 if a cubin changed
     python scripts/check_shipped_cubins.py --write manifest.json                  # record this tree's
-    git archive kernel-variants-before-contract | tar -x -C /tmp/old              # another checkout's:
+    git archive 6ce9a50 | tar -x -C /tmp/old              # another checkout's:
     python scripts/check_shipped_cubins.py --root /tmp/old --write old.json
 
 ``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 for the kernels as they ship now
-(parameter structs; the tag ``kernel-variants-before-contract`` and the flat-list commits before them
+(parameter structs; the commit 6ce9a50 (the parent of 965306c) and the flat-list commits before them
 have other cubins). Each entry holds the cubin's sha256 and, where ``cuobjdump`` is on PATH (Triton's
 wheel carries one in ``triton/backends/nvidia/bin/``), the sha256 of its SASS. Comparing prefers the SASS:
 equal machine code passes even where the cubin's metadata differs. A change that must not alter the
@@ -51,8 +51,8 @@ VARIANT_ENV = ("HF_FLASHPATCH_FWD_VARIANT", "HF_FLASHPATCH_BWD_VARIANT", "HF_FLA
 
 def _dispatch():
     """``(forward_config, backward_config, decode_config)`` of the imported package: its decision room
-    (:mod:`hf_flashpatch.kernels.heuristics`), or, for checkouts older than it (the tag
-    ``kernel-variants-before-contract``), the same choices through the variant tables of that time with no
+    (:mod:`hf_flashpatch.kernels.heuristics`), or, for checkouts older than it (commit
+    6ce9a50 and before), the same choices through the variant tables of that time with no
     variant environment variable set."""
     try:
         from hf_flashpatch.kernels import heuristics
