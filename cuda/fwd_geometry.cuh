@@ -46,6 +46,7 @@ struct FwdParams {
   ScoreScale scores;        // softmax scale and soft-cap (score_scale.cuh)
   int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
   int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
+  int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -129,14 +130,34 @@ __device__ __forceinline__ int m_blocks(const FwdParams& p) {
   return (p.seqlen_q * p.group + kBlockM - 1) / kBlockM;
 }
 
-// Work tile `w` of a persistent grid: a (kv head, sequence) pair's query tiles are consecutive, last (the
-// ones that see the most keys when masked) first, so the CTAs running at one time share a few pairs' K/V in
-// L2 (as the one-CTA-per-tile grid's order did); pairs in grid order (kv head fastest).
+// Work tile `w` of a persistent grid; pairs (kv head, sequence) in grid order, kv head fastest.
+// - work_section == 0: a pair's query tiles are consecutive, last (the ones that see the most keys when masked)
+//   first, so the CTAs running at one time share a few pairs' K/V in L2 (as the one-CTA-per-tile grid's order did).
+// - work_section == S > 0 (masked problems, heuristics.hopper_forward_schedule): sections of S pairs; within one,
+//   the last query tile of each of its pairs, then the one before, ...: the tiles come in non-increasing weight,
+//   which the snake walk (walk_work) deals out evenly, and the CTAs running at one time read S pairs' K/V.
 template <int kBlockM>
 __device__ __forceinline__ WorkCoords persistent_work(const FwdParams& p, int w) {
   const int count = m_blocks<kBlockM>(p);
-  const int pair = w / count, m_rev = w - pair * count;
+  if (p.work_section == 0) {
+    const int pair = w / count, m_rev = w - pair * count;
+    return {count - 1 - m_rev, pair % p.kv_heads, pair / p.kv_heads};
+  }
+  const int per_section = p.work_section * count;
+  const int section = w / per_section, in_section = w - section * per_section;
+  const int first_pair = section * p.work_section;
+  const int pairs_here = min(p.work_section, p.kv_heads * p.num_seqs - first_pair);  // the last section: fewer
+  const int m_rev = in_section / pairs_here, pair = first_pair + (in_section - m_rev * pairs_here);
   return {count - 1 - m_rev, pair % p.kv_heads, pair / p.kv_heads};
+}
+
+// The work tile CTA blockIdx.x takes in round `round` (rounds of gridDim.x tiles): b, then, kSnake, every odd round
+// in reverse (gridDim.x - 1 - b), so a CTA that took a heavy tile of a round takes a light one of the next.
+// May be past the last tile in the last round (skipped by every role alike).
+template <bool kSnake>
+__device__ __forceinline__ int walk_work(int round) {
+  const int b = static_cast<int>(blockIdx.x);
+  return round * static_cast<int>(gridDim.x) + (kSnake && (round & 1) ? static_cast<int>(gridDim.x) - 1 - b : b);
 }
 
 template <bool kWindowed, int kBlockM, int kBlockN>

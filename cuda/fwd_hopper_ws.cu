@@ -56,9 +56,10 @@ static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed 
 // from the compiled module: Kernel.shared_bytes).
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedTilesBytes + 2 * 8 * KV_STAGES;
 
-// Grid (CTAs, 1, 1) (heuristics.hopper_forward_ctas: one CTA per SM where every tile weighs the same, else one per
-// tile); CTA b takes work tiles b, b + gridDim.x, ...
-// (persistent_work), and every role walks the same ones and skips the same empty ones. The
+// Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
+// sectioned order deals masked tiles out evenly, else one per tile); CTA b takes work tile b of every round of
+// gridDim.x tiles, masked builds in reverse every odd round (walk_work, persistent_work), and every role walks the
+// same ones and skips the same empty ones. The
 // K/V ring runs on across work tiles: a work's key tile i is the ring's tile `ring + i`, in slot
 // (ring + i) % KV_STAGES, pass (ring + i) / KV_STAGES, so the next work's first tiles land while the math
 // warps finish this one. Each math warpgroup copies its own 64 Q rows (no other warpgroup reads them).
@@ -91,7 +92,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
+      const int w = walk_work<kWindowed>(round);
+      if (w >= num_work) continue;
       const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
       if (tile.empty()) continue;
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
@@ -126,7 +129,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
   int ring = 0;  // as the producer's
-  for (int w = blockIdx.x; w < num_work; w += gridDim.x) {
+  for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
+    const int w = walk_work<kWindowed>(round);
+    if (w >= num_work) continue;
     const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
     if (tile.empty()) continue;
     // this warpgroup's 64 Q rows, once every warp of it is past the last work's products

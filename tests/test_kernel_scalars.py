@@ -94,8 +94,9 @@ def test_forward_scalars(recorder, scale, softcap):
     q, k, v = _qkv()
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
-    # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences
-    scale_log2, softcap_pre, softcap_log2 = args[-7:-4]
+    # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
+    # work section
+    scale_log2, softcap_pre, softcap_log2 = args[-8:-5]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -139,12 +140,13 @@ def test_backward_scalars(recorder, scale, softcap, deterministic):
         assert bits(scalars[5:9]) == bits(old_backward(scale, softcap))
 
 
-@pytest.mark.parametrize("causal, varlen, ctas", [(False, False, 132), (True, False, 352), (False, True, 176),
-                                                  (True, True, 176)])  # fmt: skip
-def test_hopper_forward_grid(recorder, causal, varlen, ctas):
-    """One CTA per SM where every work tile weighs the same (unmasked, fixed length); one CTA per work tile
-    where they differ (causal, varlen), so a fixed stride cannot give one CTA all the heaviest tiles.
-    d64 on Hopper: 192-row tiles, so 4096 rows x 4 heads are 22 x 4 work tiles per sequence."""
+@pytest.mark.parametrize("causal, varlen, ctas, section", [(False, False, 132, 0), (True, False, 132, 16),
+                                                           (False, True, 176, 0), (True, True, 176, 0)])  # fmt: skip
+def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
+    """One CTA per SM where every work tile weighs the same (unmasked, fixed length) and, causal at fixed length,
+    where the schedule model deals the tiles out evenly (here d64's 22 tiles per pair in sections of 16 pairs:
+    1.03x the ideal makespan against 1.10x for one CTA per tile); one CTA per work tile for varlen.
+    d64 on Hopper: 192-row tiles, so 4096 rows x 4 heads are 22 x 4 work tiles per sequence, 16 pairs."""
     if varlen:
         q, k, v = (torch.zeros(8192, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (T, H, D), two sequences
         cu = torch.tensor([0, 4096, 8192], dtype=torch.int32)
@@ -152,5 +154,28 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas):
     else:
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
-    ((_entry, grid, _args),) = recorder.launches
-    assert grid == (ctas, 1, 1)
+    ((_entry, grid, args),) = recorder.launches
+    assert grid == (ctas, 1, 1) and args[-1] == section  # FwdParams.work_section, the last field
+
+
+def test_hopper_forward_schedule_decisions():
+    """The decision room's choices for the Hopper forward's grid, from its schedule model: persistent and balanced
+    where the model finds a walk 2 % under one CTA per tile, K/V of a section within the L2 budget."""
+    from hf_flashpatch.kernels import heuristics
+
+    def schedule(seqlen, block_m, pairs, left=-1, right=0, varlen=False, kv_bytes=1 << 20):
+        return heuristics.hopper_forward_schedule(seqlen, seqlen, 1, block_m, 128, left, right, pairs, 132, varlen,
+                                                  kv_bytes)  # fmt: skip
+
+    assert schedule(2048, 128, 128, right=-1) == heuristics.HopperSchedule(132)  # unmasked: persistent, pair-major
+    assert schedule(2048, 128, 4, right=-1) == heuristics.HopperSchedule(64)  # fewer tiles than SMs
+    assert schedule(2048, 128, 128, varlen=True) == heuristics.HopperSchedule(16 * 128)  # varlen: one CTA per tile
+    assert schedule(512, 128, 8) == heuristics.HopperSchedule(32)  # one round: one CTA per tile
+    assert schedule(2048, 128, 128) == heuristics.HopperSchedule(132, 1)  # d128 2k causal: snake over pairs
+    assert schedule(4096, 192, 64) == heuristics.HopperSchedule(132, 16)  # d64 4k causal: 22 tiles, 16 pairs
+    assert schedule(16384, 128, 16) == heuristics.HopperSchedule(128 * 16)  # no walk beats the hardware's order
+    assert schedule(4096, 192, 64, kv_bytes=4 << 20) == heuristics.HopperSchedule(22 * 64)  # 16 pairs' K/V: 64 MB
+    # the model: the snake deals 2k causal tiles (section 1: pair-major) out within 3.2 % of the ideal makespan
+    weights = [m + 2.0 for m in reversed(range(16))]  # 16 tiles per pair: m + 1 key tiles, + 1 overhead
+    ideal = sum(weights) * 128 / 132
+    assert heuristics._snake_makespan(weights, 128, 1, 132) / ideal < 1.032

@@ -40,8 +40,8 @@ from ..errors import KernelUnsupported
 from . import forward_torch, tma
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
-from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, TileShape, forward_tile_shape, hopper_forward_ctas,
-                         native_value_head_dim)
+from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, forward_tile_shape,
+                         hopper_forward_schedule, native_value_head_dim)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -50,7 +50,7 @@ _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # FwdParams: k_tma v_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,10 @@ def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
 
 
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-            window_left, window_right, softcap, shape: TileShape | None = None):  # fmt: skip
-    """Allocate ``out``/``lse`` and run the kernel. Layouts as in the module docstring."""
+            window_left, window_right, softcap, shape: TileShape | None = None,
+            schedule: HopperSchedule | None = None):  # fmt: skip
+    """Allocate ``out``/``lse`` and run the kernel. Layouts as in the module docstring. ``shape`` / ``schedule``:
+    another tile shape / Hopper grid and work order than the heuristics' (benchmarks and tests)."""
     _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
@@ -274,9 +276,13 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     m_blocks = math.ceil(seqlen_q * group / config.block_m)
-    if config.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): persistent where every tile weighs the same
-        grid = (hopper_forward_ctas(m_blocks * kv_heads * num_seqs, sm_count(q.device.index), config.has_mask,
-                                    varlen), 1, 1)  # fmt: skip
+    section = 0
+    if config.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
+        kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
+        walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, config.block_m, config.block_n, left,
+                                                   right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
+                                                   kv_bytes)  # fmt: skip
+        grid, section = (walk.ctas, 1, 1), walk.section
     else:
         grid = (m_blocks, kv_heads, num_seqs)
     kernel(
@@ -285,7 +291,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs,
+        kv_heads, num_seqs, section,
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip

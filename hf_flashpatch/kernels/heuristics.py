@@ -29,6 +29,8 @@ Every shipped shape compiles without register spills (``tests/test_*_compile.py`
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -91,17 +93,90 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
     return mma_tile_shape(head_dim)
 
 
-def hopper_forward_ctas(work_tiles: int, sms: int, masked: bool, varlen: bool) -> int:
-    """CTAs of the Hopper forward's grid for ``work_tiles`` query tiles (``fwd_hopper_ws.cu``: CTA ``b`` walks
-    tiles ``b, b + grid, ...``, a (kv head, sequence) pair's tiles consecutive).
+@dataclass(frozen=True)
+class HopperSchedule:
+    """The Hopper forward's grid and work order (``fwd_hopper_ws.cu``: CTA ``b`` takes tile ``b`` of every round of
+    ``ctas`` work tiles, masked builds in reverse every odd round; ``section``: pairs per section of the work order,
+    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``)."""
 
-    - Unmasked, fixed length: every tile sees the same keys, so the strided walk is balanced and persistent
-      CTAs (one per SM) save a prologue and an epilogue per tile: ``min(work_tiles, sms)``.
-    - Causal / window, or varlen: tiles see different numbers of keys, and a fixed stride can hand one CTA
-      every heaviest tile (d64 at 4k: 22 tiles per pair divide 132 SMs, 1.49x the time). One CTA per tile
-      instead: the hardware gives each SM the next tile when it frees up, heaviest first.
+    ctas: int
+    section: int = 0
+
+
+# The L2 (50 MB on the H200) holds the K/V of the pairs a sectioned walk has in flight with room to spare.
+SECTION_KV_BYTES = 24 << 20
+# Cost of a work tile beside its key tiles, in key tiles (its Q copy, the first K/V's latency, its epilogue).
+WORK_TILE_OVERHEAD = 1.0
+
+
+@functools.lru_cache(maxsize=256)
+def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: int, block_n: int, left: int,
+                            right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
+    """Grid and work order of the Hopper forward: ``pairs`` (kv head, sequence) pairs of ``ceil(seqlen_q * group /
+    block_m)`` query tiles each (packed rows: positions x the group's query heads), ``block_n``-key tiles, the folded
+    window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` SMs (one CTA each).
+
+    - Varlen: tiles of different sequences weigh differently in ways the host does not know: one CTA per tile, the
+      hardware handing each SM the next (pair-major, heaviest first).
+    - Unmasked, fixed length: every tile weighs the same, so the plain walk is balanced and persistent CTAs (one per
+      SM) save a prologue and an epilogue per tile: ``min(tiles, sms)``.
+    - Masked (causal / window), fixed length: persistent with the sectioned order and the snake walk where a model
+      of the schedule (each tile weighs the key tiles it sees + ``WORK_TILE_OVERHEAD``) gives a makespan at least
+      2 % under that of one CTA per tile (the hardware's next-free-SM order), over sections of 1, 2, 4, ... pairs
+      whose K/V (``pair_kv_bytes`` each) fit ``SECTION_KV_BYTES``; else one CTA per tile. (A fixed stride over the
+      pair-major order can hand one CTA every heaviest tile: d64 at 4k, 22 tiles per pair divide 132 SMs, 1.49x the
+      time; the reversed odd rounds and the section order avoid it.)
     """
-    return work_tiles if masked or varlen else min(work_tiles, sms)
+    count = -(-seqlen_q * group // block_m)
+    tiles = count * pairs
+    if varlen:
+        return HopperSchedule(tiles)
+    if left < 0 and right < 0:
+        return HopperSchedule(min(tiles, sms))
+    shift = seqlen_k - seqlen_q  # bottom-right aligned: query position i sits at key position i + shift
+    key_tiles = []
+    for m in range(count):
+        first = m * block_m // group + shift
+        last = min(seqlen_q - 1, ((m + 1) * block_m - 1) // group) + shift
+        lo = max(0, first - left) if left >= 0 else 0
+        hi = min(seqlen_k, last + right + 1) if right >= 0 else seqlen_k
+        key_tiles.append(max(0, -(-hi // block_n) - lo // block_n) if hi > lo else 0)
+    return _masked_schedule(tuple(key_tiles), pairs, sms, pair_kv_bytes)
+
+
+def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair_kv_bytes: int) -> HopperSchedule:
+    weights = [n + WORK_TILE_OVERHEAD for n in reversed(tile_key_tiles)]  # a pair's tiles, heaviest (last) first
+    count = len(weights)
+    tiles = count * pairs
+    if tiles <= sms:
+        return HopperSchedule(tiles)  # one round: every tile its own CTA either way
+    free = [0.0] * sms  # one CTA per tile: the next tile (pair-major) to the SM that frees first
+    heapq.heapify(free)
+    for _pair in range(pairs):
+        for weight in weights:
+            heapq.heappush(free, heapq.heappop(free) + weight)
+    best, best_time = HopperSchedule(tiles), max(free)
+    section = 1
+    while section <= pairs and section * pair_kv_bytes <= SECTION_KV_BYTES:
+        time = _snake_makespan(weights, pairs, section, sms)
+        if time < 0.98 * best_time:
+            best, best_time = HopperSchedule(sms, section), time
+        section *= 2
+    return best
+
+
+def _snake_makespan(weights: list[float], pairs: int, section: int, sms: int) -> float:
+    """The largest load of the ``sms`` CTAs of the sectioned order dealt out by the snake walk (see above)."""
+    load = [0.0] * sms
+    w = 0
+    for first in range(0, pairs, section):
+        here = min(section, pairs - first)
+        for weight in weights:  # within a section: every pair's tile m_rev, then m_rev + 1, ...
+            for _ in range(here):
+                round_, b = divmod(w, sms)
+                load[sms - 1 - b if round_ % 2 else b] += weight
+                w += 1
+    return max(load)
 
 
 def mma_tile_shape(head_dim: int) -> TileShape:

@@ -271,6 +271,35 @@ def test_varlen_many_sequences_each_as_alone(head_dim, causal):
             _check(alone, alone_lse, q[None, s0:s1], k[None, s0:s1], v[None, s0:s1], causal=causal)
 
 
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
+@pytest.mark.parametrize("window", [(-1, 0), (300, 0), (200, 37)], ids=["causal", "window300", "window200-37"])
+def test_persistent_masked_walks_match_one_cta_per_tile(forward_variant, dims, window):
+    """The persistent masked walk (sectioned work order, odd rounds reversed: heuristics.hopper_forward_schedule)
+    against one CTA per work tile: every grid size and section (the last one partial, the last round partial) gives
+    the same bits, and the one-CTA-per-tile run matches the oracle. GQA, 1050 positions: hundreds of work tiles."""
+    from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape
+
+    if forward_variant != "shipped" or not forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True,
+                                                              dims[1]).wgmma:  # fmt: skip
+        pytest.skip("the walk is the Hopper body's")
+    torch.manual_seed(7)
+    (d, d_v), (left, right) = dims, window
+    q = torch.randn(3, 1050, 8, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(3, 1050, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(3, 1050, 2, d_v, device="cuda", dtype=torch.bfloat16)
+    shape = forward_tile_shape(d, "sm_90a", True, d_v)
+    tiles = math.ceil(1050 * 4 / shape.block_m) * 2 * 3
+    launch = lambda schedule: forward_module._launch(q, k, v, None, None, None, None, None, False, left, right, None,
+                                                     schedule=schedule)  # noqa: E731 fmt: skip
+    ref_out, ref_lse = launch(HopperSchedule(tiles))
+    want, want_lse = attention_reference(q.float(), k.float(), v.float(), window=window)
+    assert (ref_out.float() - want).abs().max().item() < 2e-2
+    torch.testing.assert_close(ref_lse, want_lse, atol=1e-3, rtol=1e-3)
+    for ctas, section in [(132, 1), (132, 2), (100, 4), (77, 5), (tiles // 2 + 1, 3), (131, 6)]:
+        out, lse = launch(HopperSchedule(ctas, section))
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), (ctas, section)
+
+
 def test_broadcast_kv_heads_are_read_from_a_copy():
     """K/V expanded over their heads (stride 0: no tensor map describes it) give the materialised result."""
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
