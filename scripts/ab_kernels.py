@@ -59,6 +59,8 @@ def _cases(torch, hfp):
         q, k, v = rand(8, 2048, 16, 128), rand(8, 2048, 16, 128), rand(8, 2048, 16, 128)
         cases[f"fwd d128 8x2k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+    q, k, v = rand(8, 2048, 32, 64), rand(8, 2048, 32, 64), rand(8, 2048, 32, 64)  # 256 (head, sequence) pairs
+    cases["fwd d64 8x2k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
     for d in (96, 256):  # head dims the mma.sync body serves on every GPU
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"fwd d{d} 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")

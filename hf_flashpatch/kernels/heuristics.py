@@ -104,7 +104,7 @@ class HopperSchedule:
 
 
 # The L2 (50 MB on the H200) holds the K/V of the pairs a sectioned walk has in flight with room to spare.
-SECTION_KV_BYTES = 24 << 20
+SECTION_KV_BYTES = 32 << 20
 # Cost of a work tile beside its key tiles, in key tiles (its Q copy, the first K/V's latency, its epilogue).
 WORK_TILE_OVERHEAD = 1.0
 
