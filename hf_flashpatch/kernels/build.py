@@ -345,11 +345,6 @@ def shared_bytes_of(cubin: bytes, entry: str) -> int:
     return 0 if value is None else value
 
 
-def entry_shared_bytes(build: KernelBuild, entry: str) -> int:
-    """:func:`shared_bytes_of` ``entry`` of ``build``, compiled (or from the cache) here: no GPU needed."""
-    return shared_bytes_of(compile_cubin(build)[0], entry)
-
-
 def _side_stream(device_index: int):
     stream = _side_streams.get(device_index)
     if stream is None:
