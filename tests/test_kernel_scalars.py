@@ -174,6 +174,7 @@ def test_hopper_forward_schedule_decisions():
     assert schedule(2048, 128, 128) == heuristics.HopperSchedule(132, 1)  # d128 2k causal: snake over pairs
     assert schedule(4096, 192, 64) == heuristics.HopperSchedule(132, 16)  # d64 4k causal: 22 tiles, 16 pairs
     assert schedule(16384, 128, 16) == heuristics.HopperSchedule(128 * 16)  # no walk beats the hardware's order
+    assert schedule(2048, 128, 512) == heuristics.HopperSchedule(16 * 512)  # past MODELLED_MAX_TILES: not modelled
     assert schedule(4096, 192, 64, kv_bytes=4 << 20) == heuristics.HopperSchedule(22 * 64)  # 16 pairs' K/V: 64 MB
     # the model: the snake deals 2k causal tiles (section 1: pair-major) out within 3.2 % of the ideal makespan
     weights = [m + 2.0 for m in reversed(range(16))]  # 16 tiles per pair: m + 1 key tiles, + 1 overhead

@@ -107,6 +107,10 @@ class HopperSchedule:
 SECTION_KV_BYTES = 32 << 20
 # Cost of a work tile beside its key tiles, in key tiles (its Q copy, the first K/V's latency, its epilogue).
 WORK_TILE_OVERHEAD = 1.0
+# Masked problems with more work tiles than this take one CTA per tile without consulting the model: its host cost
+# grows with the tiles (about 14 ms at this many, once per shape), and with many rounds the hardware's order is
+# already within a tile of the ideal (every larger shape measured chose it).
+MODELLED_MAX_TILES = 4096
 
 
 @functools.lru_cache(maxsize=256)
@@ -123,7 +127,7 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     - Masked (causal / window), fixed length: persistent with the sectioned order and the snake walk where a model
       of the schedule (each tile weighs the key tiles it sees + ``WORK_TILE_OVERHEAD``) gives a makespan at least
       2 % under that of one CTA per tile (the hardware's next-free-SM order), over sections of 1, 2, 4, ... pairs
-      whose K/V (``pair_kv_bytes`` each) fit ``SECTION_KV_BYTES``; else one CTA per tile. (A fixed stride over the
+      whose K/V (``pair_kv_bytes`` each) fit ``SECTION_KV_BYTES``; else, and past ``MODELLED_MAX_TILES`` tiles, one CTA per tile. (A fixed stride over the
       pair-major order can hand one CTA every heaviest tile: d64 at 4k, 22 tiles per pair divide 132 SMs, 1.49x the
       time; the reversed odd rounds and the section order avoid it.)
     """
@@ -133,6 +137,8 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
         return HopperSchedule(tiles)
     if left < 0 and right < 0:
         return HopperSchedule(min(tiles, sms))
+    if tiles > MODELLED_MAX_TILES:
+        return HopperSchedule(tiles)
     shift = seqlen_k - seqlen_q  # bottom-right aligned: query position i sits at key position i + shift
     key_tiles = []
     for m in range(count):
