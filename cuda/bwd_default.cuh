@@ -177,9 +177,8 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
 #pragma unroll
           for (int j = 0; j < kDqChunk / 8; ++j) {
             const int col = c0 + j * 8 + 2 * t4;
-            if (row < sq.y) atomic_add_f32x2(dst + col, dq[mt][j][0], dq[mt][j][1]);
-            if (row + 8 < sq.y)
-              atomic_add_f32x2(dst + 8 * kD + col, dq[mt][j][2], dq[mt][j][3]);
+            if (row < sq.y) red_add_f32x2(dst + col, dq[mt][j][0], dq[mt][j][1]);
+            if (row + 8 < sq.y) red_add_f32x2(dst + 8 * kD + col, dq[mt][j][2], dq[mt][j][3]);
           }
         }
       }

@@ -103,74 +103,72 @@ __device__ __forceinline__ float (&acc_columns(float (&d)[N]))[kLen / 2] {
   return *reinterpret_cast<float(*)[kLen / 2]>(d + kFirst / 2);
 }
 
-// Copy rows [0, kRows) of a (rows, kCols) matrix into a SW128 tile; rows >= valid_rows zero-filled. The threads
-// cover whole rows at a time where a row's 16-byte chunks divide them, else (192 columns: 24 chunks) one 64-column
-// sub-tile after the other.
+// Copy rows [0, kRows) of a (rows, kCols) matrix into a SW128 tile; rows >= valid_rows zero-filled (their copy
+// reads the tile's first row, in bounds, for none of its bytes). The threads cover whole rows at a time where a
+// row's 16-byte chunks divide them, else (192 columns: 24 chunks) one 64-column sub-tile after the other. A
+// thread's rows lie kRowStep apart: one 64-bit add per row, not a row * stride product.
 template <int kRows, int kCols>
 __device__ __forceinline__ void h_load_tile(uint32_t tile, const T* gmem, int64_t row_stride, int valid_rows, int tid) {
   constexpr int kPartChunks = kThreads % (kCols / 8) == 0 ? kCols / 8 : 8;  // the chunks of a row one pass covers
   constexpr int kRowStep = kThreads / kPartChunks;
   static_assert(kRows % kRowStep == 0 && kRowStep % 8 == 0, "rows walked 8-aligned keep one swizzle position");
   const int row0 = tid / kPartChunks;
+  const int64_t step = kRowStep * row_stride;
 #pragma unroll
   for (int part = 0; part < kCols / 8 / kPartChunks; ++part) {
     const int chunk = part * kPartChunks + tid % kPartChunks;
     uint32_t dst = tile + (chunk / 8) * (kRows * kHRowBytes) + sm90::sw128_offset(row0, chunk % 8);
+    const T* src = gmem + row0 * row_stride + chunk * 8;
 #pragma unroll
     for (int i = 0; i < kRows / kRowStep; ++i) {
-      const int row = row0 + i * kRowStep;
-      const bool ok = row < valid_rows;
-      cp_async_16(dst, gmem + (ok ? row * row_stride : 0) + chunk * 8, ok);
+      const bool ok = row0 + i * kRowStep < valid_rows;
+      cp_async_16(dst, ok ? src : gmem, ok);
       dst += kRowStep * kHRowBytes;
+      src += step;
     }
   }
 }
 
 // (64 rows x kWidth) x (kWidth x N) products over a head dim of kWidth (q/k's or v's): a_rows / b_rows = the
-// operands' tiles offset to their first row, tile_rows = the rows of the whole tile (the sub-tile stride),
-// K-major both.
-template <int N, int kWidth>
-__device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], uint32_t a_rows, int a_tile_rows, uint32_t b_rows,
-                                           int b_tile_rows) {
+// descriptors of the operands' first rows (K-major both), kATileRows / kBTileRows = the rows of their whole tiles
+// (the 64-column sub-tile stride).
+template <int N, int kWidth, int kATileRows, int kBTileRows>
+__device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], sm90::SteppedDescriptor a_rows,
+                                           sm90::SteppedDescriptor b_rows) {
 #pragma unroll
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const uint32_t k_offset = (ks % 4) * 32;
-    const uint64_t da = sm90::sw128_descriptor(a_rows + (ks / 4) * (a_tile_rows * kHRowBytes) + k_offset, 16,
-                                               sm90::kSwizzleAtomBytes);
-    const uint64_t db = sm90::sw128_descriptor(b_rows + (ks / 4) * (b_tile_rows * kHRowBytes) + k_offset, 16,
-                                               sm90::kSwizzleAtomBytes);
-    h_mma_ss<N>(d, da, db, ks > 0);
+    h_mma_ss<N>(d, a_rows.plus((ks / 4) * (kATileRows * kHRowBytes) + k_offset).value(),
+                b_rows.plus((ks / 4) * (kBTileRows * kHRowBytes) + k_offset).value(), ks > 0);
   }
 }
 
 // acc (64 keys x kCols) += A (64 keys x kHSubM queries, registers) * B (kHSubM queries x kCols: a Q or dO stage
-// offset to the sub-step's first query, read MN-major). 192 columns: one n128 and one n64 wgmma per k-step.
+// offset to the sub-step's first query, read MN-major: b_rows' leading offset is a 64-column sub-tile). 192
+// columns: one n128 and one n64 wgmma per k-step.
 template <int kCols>
-__device__ __forceinline__ void h_issue_rs(float (&d)[kCols / 2], const uint32_t (&a)[kHSubM / 16][4], uint32_t b_rows) {
+__device__ __forceinline__ void h_issue_rs(float (&d)[kCols / 2], const uint32_t (&a)[kHSubM / 16][4],
+                                           sm90::SteppedDescriptor b_rows) {
 #pragma unroll
   for (int kk = 0; kk < kHSubM / 16; ++kk) {
-    const uint32_t rows = b_rows + kk * 16 * kHRowBytes;
-    const uint64_t db = sm90::sw128_descriptor(rows, kHStepSubBytes, sm90::kSwizzleAtomBytes);
+    const sm90::SteppedDescriptor rows = b_rows.plus(kk * 16 * kHRowBytes);
     if constexpr (kCols == 192) {
-      h_mma_rs_tb<128>(acc_columns<0, 128>(d), a[kk], db);
-      h_mma_rs_tb<64>(acc_columns<128, 64>(d), a[kk],
-                      sm90::sw128_descriptor(rows + 2 * kHStepSubBytes, kHStepSubBytes, sm90::kSwizzleAtomBytes));
+      h_mma_rs_tb<128>(acc_columns<0, 128>(d), a[kk], rows.value());
+      h_mma_rs_tb<64>(acc_columns<128, 64>(d), a[kk], rows.plus(2 * kHStepSubBytes).value());
     } else {
-      h_mma_rs_tb<kCols>(d, a[kk], db);
+      h_mma_rs_tb<kCols>(d, a[kk], rows.value());
     }
   }
 }
 
 // dq (64 queries x 64 columns) = dS (64 queries x 128 keys: the dS^T tile at ds_rows read MN-major) * K (128 keys x
 // 64 columns: the K tile's sub-tile at k_cols, read MN-major).
-__device__ __forceinline__ void h_issue_dq(float (&dq)[32], uint32_t ds_rows, uint32_t k_cols) {
+__device__ __forceinline__ void h_issue_dq(float (&dq)[32], sm90::SteppedDescriptor ds_rows,
+                                           sm90::SteppedDescriptor k_cols) {
 #pragma unroll
-  for (int kk = 0; kk < kHBlockN / 16; ++kk) {  // all 128 keys, 16 per k-step
-    const uint32_t key_rows = kk * 16 * kHRowBytes;
-    const uint64_t da = sm90::sw128_descriptor(ds_rows + key_rows, kHDsSubBytes, sm90::kSwizzleAtomBytes);
-    const uint64_t db = sm90::sw128_descriptor(k_cols + key_rows, kHKBytes, sm90::kSwizzleAtomBytes);
-    sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, da, db, kk > 0);
-  }
+  for (int kk = 0; kk < kHBlockN / 16; ++kk)  // all 128 keys, 16 per k-step
+    sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, ds_rows.plus(kk * 16 * kHRowBytes).value(),
+                                          k_cols.plus(kk * 16 * kHRowBytes).value(), kk > 0);
 }
 
 // Accumulator (64 keys x kHSubM queries per warpgroup, fp32) -> A fragments of the next product (b16 pairs).
@@ -219,9 +217,21 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   const QuerySteps qs_range = query_steps<kHBlockM>(vis, n0, min(n0 + kHBlockN, sk.y), group);
   const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
-  auto load_q_side = [&](int step, int stage) {
-    const int h = hk * group + step / m_count;
-    const int m0 = (m_first + step % m_count) * kHBlockM;
+  // The steps walk the group's heads, each over its m_count query tiles: step i is head hk * group + i / m_count,
+  // tile m_first + i % m_count. The loads, two steps ahead, follow it with a cursor advanced by increments; the
+  // computed step divides (a cursor for it too, live across the whole step, made the d64 and 192/128 builds spill).
+  struct StepCursor {
+    int h, m0;
+  };
+  auto advance = [&](StepCursor& c) {
+    c.m0 += kHBlockM;
+    if (c.m0 == (m_first + m_count) * kHBlockM) {
+      c.m0 = m_first * kHBlockM;
+      ++c.h;
+    }
+  };
+  auto load_q_side = [&](StepCursor c, int stage) {
+    const int h = c.h, m0 = c.m0;
     h_load_tile<kHBlockM, kD>(q_t + stage * kHQBytes, q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh, q_ss,
                               sq.y - m0, tid);
     h_load_tile<kHBlockM, kDv>(do_t + stage * kHDoBytes, dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh,
@@ -240,14 +250,20 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk_acc[i] = 0.f;
   const int key_w = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row within the tile (+8: second)
+  // Operand descriptors step from one: the aligned base with leading offset 0 (hopper.cuh, tile()).
+  const SteppedDescriptor smem_desc = SteppedDescriptor::at(base, 0, kSwizzleAtomBytes);
+  const uint32_t wg_rows = uniform_warpgroup(tid) * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
 
-  if (steps > 0) load_q_side(0, 0);
+  StepCursor load_at{hk * group, m_first * kHBlockM};
+  if (steps > 0) load_q_side(load_at, 0);
+  advance(load_at);
   cp_async_commit();
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, kThreads);
   }
-  if (steps > 1) load_q_side(1, 1);
+  if (steps > 1) load_q_side(load_at, 1);
+  advance(load_at);
   cp_async_commit();
   __syncthreads();      // the mbarriers are initialised before anyone arrives
   cp_async_wait<1>();   // K, V and step 0's stage (this thread's copies)
@@ -261,7 +277,20 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
 
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
-    const uint32_t qs = q_t + stage * kHQBytes, dos = do_t + stage * kHDoBytes;
+    const uint32_t q_stage = stage * kHQBytes, do_stage = stage * kHDoBytes;  // byte offsets of this step's stage
+    // This step's operand descriptors, each one add from the base: this warpgroup's K / V rows (the A of S^T /
+    // dP^T), Q and dO read K-major (the B of S^T / dP^T) and MN-major (the B of dK / dV, leading offset one
+    // 64-column sub-tile), dS^T and the K tile read MN-major (dQ's A and B). From an opaque base: hoisted out of the
+    // loop as invariants, the 192/128 build's descriptors took registers enough to spill.
+    const SteppedDescriptor step_desc = smem_desc.opaque();
+    const SteppedDescriptor k_rows = step_desc.tile(k_t - base + wg_rows, 16);
+    const SteppedDescriptor v_rows = step_desc.tile(v_t - base + wg_rows, 16);
+    const SteppedDescriptor q_kmajor = step_desc.tile(q_t - base + q_stage, 16);
+    const SteppedDescriptor do_kmajor = step_desc.tile(do_t - base + do_stage, 16);
+    const SteppedDescriptor q_mnmajor = step_desc.tile(q_t - base + q_stage, kHStepSubBytes);
+    const SteppedDescriptor do_mnmajor = step_desc.tile(do_t - base + do_stage, kHStepSubBytes);
+    const SteppedDescriptor ds_mnmajor = step_desc.tile(ds_t - base, kHDsSubBytes);
+    const SteppedDescriptor k_mnmajor = step_desc.tile(k_t - base, kHKBytes);
     const float* lses = lse_s + stage * kHBlockM;
     const float* dvs = dvec_s + stage * kHBlockM;
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
@@ -285,9 +314,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
       fence_operands(s);
       fence_operands(dp);
       wgmma_fence();
-      h_issue_nt<kHSubM, kD>(s, k_t + wg * 64 * kHRowBytes, kHBlockN, qs + q0 * kHRowBytes, kHBlockM);
+      h_issue_nt<kHSubM, kD, kHBlockN, kHBlockM>(s, k_rows, q_kmajor.plus(q0 * kHRowBytes));
       wgmma_commit();
-      h_issue_nt<kHSubM, kDv>(dp, v_t + wg * 64 * kHRowBytes, kHBlockN, dos + q0 * kHRowBytes, kHBlockM);
+      h_issue_nt<kHSubM, kDv, kHBlockN, kHBlockM>(dp, v_rows, do_kmajor.plus(q0 * kHRowBytes));
       wgmma_commit();
       // One dS^T buffer: both warpgroups' dQ of the previous step has read it (retired) before it is written.
       if (kHDsBuffers == 1 && sub == 0) __syncthreads();
@@ -321,7 +350,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
         }
         h_pack(p_frag, s);
         wgmma_fence();
-        h_issue_rs<kDv>(dv_acc, p_frag, dos + q0 * kHRowBytes);
+        h_issue_rs<kDv>(dv_acc, p_frag, do_mnmajor.plus(q0 * kHRowBytes));
         wgmma_commit();
         wgmma_wait<1>();  // dP^T retired (dV may still run)
         fence_operands(dp);
@@ -334,7 +363,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
         }
         h_pack(ds_frag, dp);
         wgmma_fence();
-        h_issue_rs<kD>(dk_acc, ds_frag, qs + q0 * kHRowBytes);
+        h_issue_rs<kD>(dk_acc, ds_frag, q_mnmajor.plus(q0 * kHRowBytes));
         wgmma_commit();
       } else {
         // Softcap: 1 - tanh^2 of each score is needed for dS^T, so P^T and dS^T are formed in one pass.
@@ -358,8 +387,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
         h_pack(p_frag, s);
         h_pack(ds_frag, dp);
         wgmma_fence();
-        h_issue_rs<kDv>(dv_acc, p_frag, dos + q0 * kHRowBytes);
-        h_issue_rs<kD>(dk_acc, ds_frag, qs + q0 * kHRowBytes);
+        h_issue_rs<kDv>(dv_acc, p_frag, do_mnmajor.plus(q0 * kHRowBytes));
+        h_issue_rs<kD>(dk_acc, ds_frag, q_mnmajor.plus(q0 * kHRowBytes));
         wgmma_commit();
       }
       fence_operands(dv_acc);
@@ -374,7 +403,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
     __syncthreads();  // (B) both halves
     // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
     // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
-    if (step + 2 < steps) load_q_side(step + 2, (step + 2) % kHQStages);
+    if (step + 2 < steps) load_q_side(load_at, (step + 2) % kHQStages);
+    advance(load_at);
     cp_async_commit();
     cp_async_wait<1>();
     fence_proxy_async_shared();
@@ -389,7 +419,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
     // ---- 0-63 and 128-191 (two rounds, one after the other: 64 accumulators would not fit next to dK / dV), the
     // ---- other 64-127, swapping shares from step to step
     const bool dq_wide = kHValueOwn && ((uniform_warpgroup(tid) + step) & 1) == 0;
-    const uint32_t ds_rows = ds_cur + (kHDqRows ? wg : 0) * kHDsSubBytes;  // kHDqRows: this warpgroup's queries
+    const SteppedDescriptor ds_rows =  // this step's buffer; kHDqRows: this warpgroup's queries
+        ds_mnmajor.plus((step % kHDsBuffers) * kHDsBytes + (kHDqRows ? wg_rows / (64 * kHRowBytes) : 0) * kHDsSubBytes);
     const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;      // query within the step
     const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + q_row;
 #pragma unroll
@@ -399,18 +430,24 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
       float dq[32];
       fence_operands(dq);
       wgmma_fence();
-      h_issue_dq(dq, ds_rows, k_t + col_tile * kHKSubBytes);
+      h_issue_dq(dq, ds_rows, k_mnmajor.plus(col_tile * kHKSubBytes));
       wgmma_commit();
       wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
       fence_step_operands();
       fence_operands(dq);
-      float* dst = dq_accum + ws_row * kD + col_tile * 64;
+      float* dst = dq_accum + ws_row * kD + col_tile * 64 + 2 * t4;  // + 8 j: column block j
+      if (m0 + kHBlockM <= sq.y) {  // every row of the step inside the sequence (uniform): base + immediate
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = j * 8 + 2 * t4;
-        if (m0 + q_row < sq.y) atomic_add_f32x2(dst + col, dq[4 * j], dq[4 * j + 1]);
-        if (m0 + q_row + 8 < sq.y)
-          atomic_add_f32x2(dst + 8 * kD + col, dq[4 * j + 2], dq[4 * j + 3]);
+        for (int j = 0; j < 8; ++j) {
+          red_add_f32x2(dst + j * 8, dq[4 * j], dq[4 * j + 1]);
+          red_add_f32x2(dst + 8 * kD + j * 8, dq[4 * j + 2], dq[4 * j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if (m0 + q_row < sq.y) red_add_f32x2(dst + j * 8, dq[4 * j], dq[4 * j + 1]);
+          if (m0 + q_row + 8 < sq.y) red_add_f32x2(dst + 8 * kD + j * 8, dq[4 * j + 2], dq[4 * j + 3]);
+        }
       }
     }
   }

@@ -51,7 +51,20 @@ struct SteppedDescriptor {
     return {static_cast<uint32_t>(desc), static_cast<uint32_t>(desc >> 32)};
   }
   __device__ __forceinline__ SteppedDescriptor plus(uint32_t byte_offset) const { return {lo + (byte_offset >> 4), hi}; }
+  // The descriptor of the tile byte_offset past this one's address, with leading byte offset lbo_bytes, this one
+  // built with a leading offset of 0: the LBO field (bits 16-29) is still 0 and the address field does not carry
+  // into it, so one add on the low word gives it and every tile of a kernel steps from one register.
+  __device__ __forceinline__ SteppedDescriptor tile(uint32_t byte_offset, uint32_t lbo_bytes) const {
+    return {lo + (byte_offset >> 4) + ((lbo_bytes >> 4) << 16), hi};
+  }
   __device__ __forceinline__ uint64_t value() const { return (static_cast<uint64_t>(hi) << 32) | lo; }
+  // The same descriptor as a value the compiler cannot see through: the descriptors derived from it inside a loop
+  // are then not loop-invariant, so they are added where used rather than hoisted and held in registers.
+  __device__ __forceinline__ SteppedDescriptor opaque() const {
+    uint32_t fresh;
+    asm volatile("mov.b32 %0, %1;\n" : "=r"(fresh) : "r"(lo));
+    return {fresh, hi};
+  }
 };
 
 // The warpgroup of this thread as a value the compiler knows is the same across the warp, so that what

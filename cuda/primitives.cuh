@@ -116,11 +116,11 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[M][N][4]) {
 }
 
 // ---------------------------------------------------------------- atomics
-// Two adjacent fp32 values added atomically (a dQ accumulator pair). sm_90 has the vector atomic;
+// Two adjacent fp32 values added atomically (a dQ accumulator pair). sm_90 has the vector reduction;
 // earlier GPUs add the two floats one by one, which gives the same sums.
-__device__ __forceinline__ void atomic_add_f32x2(float* dst, float a, float b) {
+__device__ __forceinline__ void red_add_f32x2(float* dst, float a, float b) {
 #if __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(a), "f"(b));
 #else
   atomicAdd(dst, a);
   atomicAdd(dst + 1, b);
