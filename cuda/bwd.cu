@@ -23,6 +23,7 @@
 // bwd_tiled.cuh and bwd_hopper.cuh (the other bodies), this file (the kernels' entry points).
 #include "bwd_common.cuh"
 #include "bwd_default.cuh"
+#include "tma.cuh"
 
 #if HEAD_DIM_V != HEAD_DIM && !BWD_WGMMA
 #error "a v head dim of its own is served by the wgmma body only (BWD_WGMMA=1)"
@@ -101,9 +102,12 @@ extern "C" __constant__ int bwd_dkdv_shared_bytes = kDefaultSharedBytes;
 extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) * kPadD * 2;  // bwd_dq's carve-up
 #endif
 
-extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv_dq_atomic(HFP_DKDV_PARAMS) {
+// dq_map: the TMA map of dq_accum that the wgmma body's d128 build reduces dQ with (kernels/tma.py,
+// reduce_descriptor); the other builds do not read it.
+extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+    bwd_dkdv_dq_atomic(const __grid_constant__ hfp::TmaDescriptor dq_map, HFP_DKDV_PARAMS) {
 #if BWD_WGMMA
-  dkdv_wgmma_body(HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)
+  dkdv_wgmma_body(dq_map, HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)
 #elif BWD_TILED
   dkdv_tiled_body(HFP_DKDV_ARGS);  // 2-D warp tiling of all five GEMMs (cuda/bwd_tiled.cuh)
 #else

@@ -29,6 +29,7 @@
 // before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
 #pragma once
 #include "hopper.cuh"
+#include "tma.cuh"
 
 namespace hfp {
 namespace bwd {
@@ -75,13 +76,19 @@ constexpr bool kHPipelined = !HAS_SOFTCAP;
 // goes to the other buffer while dQ of step s may still read its own.
 constexpr int kHQStages = 3;
 constexpr int kHDsBuffers = kHValueOwn ? 1 : 2;  // 192/128: two would take 239 KB of shared memory
+// d128: dQ leaves through shared memory, each warpgroup's 64 x 64 as two 64-row x 32-column fp32 boxes (SW128),
+// added to the workspace by the TMA (one thread, tma::reduce_add_box), so the math warps issue no reductions.
+// d64 (32 KB more would not fit) and 192/128 keep the reductions from registers.
+constexpr bool kHDqTma = kHDqSplit && !kHValueOwn;
+constexpr int kHDqBoxBytes = 64 * 32 * 4;
+constexpr int kHDqStageBytes = kHDqTma ? 2 * 2 * kHDqBoxBytes : 0;  // two warpgroups x two boxes
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
 // kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the stage mbarriers.
 // The launch provides it plus 1 KB to round the base up (bwd.cu: bwd_dkdv_dq_atomic_shared_bytes).
 constexpr int kHSmemBytes = kHKBytes + kHVBytes + kHQStages * (kHQBytes + kHDoBytes) + kHDsBuffers * kHDsBytes +
-                            2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
+                            kHDqStageBytes + 2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -182,7 +189,7 @@ __device__ __forceinline__ void h_pack(uint32_t (&a)[kHSubM / 16][4], const floa
   }
 }
 
-__device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
+__device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP_DKDV_PARAMS) {
   using namespace sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -192,7 +199,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
   const uint32_t q_t = v_t + kHVBytes;                 // (kHQStages, SW128 (64 queries, D))
   const uint32_t do_t = q_t + kHQStages * kHQBytes;    // (kHQStages, SW128 (64 queries, D_v))
   const uint32_t ds_t = do_t + kHQStages * kHDoBytes;  // (kHDsBuffers, SW128 (128 keys, 64 queries)): dS^T
-  const uint32_t lse_t = ds_t + kHDsBuffers * kHDsBytes;
+  const uint32_t dq_t = ds_t + kHDsBuffers * kHDsBytes;  // kHDqTma: (2 warpgroups, 2 boxes, SW128 (64, 32 fp32))
+  const uint32_t lse_t = dq_t + kHDqStageBytes;
   float* lse_s = reinterpret_cast<float*>(smem_raw + (lse_t - raw));  // (kHQStages, 64)
   float* dvec_s = lse_s + kHQStages * kHBlockM;                        // (kHQStages, 64)
   const uint32_t full_bars = lse_t + 2 * kHQStages * kHBlockM * 4;  // (kHQStages,) stage mbarriers, 8-aligned
@@ -400,6 +408,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
     }
 
     fence_proxy_async_shared();  // dS^T written by plain stores, read by the tensor cores
+    if constexpr (kHDqTma) {  // the previous step's dQ boxes read by the TMA: after (B) they may be rewritten
+      if ((tid & 127) == 0) tma::bulk_wait_read<0>();
+    }
     __syncthreads();  // (B) both halves
     // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
     // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
@@ -435,6 +446,27 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
       wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
       fence_step_operands();
       fence_operands(dq);
+      if constexpr (kHDqTma) {
+        // rows q_row, q_row + 8 (past the sequence: zeros, the box adds them to rows that exist); column 8 j + 2 t4
+        // lies in box j / 4, 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by the row (q_row + 8 has q_row's)
+        const bool row_in = m0 + q_row < sq.y, row8_in = m0 + q_row + 8 < sq.y;
+        const uint32_t boxes = dq_t + wg * (2 * kHDqBoxBytes);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t at = boxes + (j / 4) * kHDqBoxBytes + q_row * 128 +
+                              (((2 * (j % 4) + (t4 >> 1)) ^ (q_row & 7)) * 16) + 8 * (t4 & 1);
+          st_shared_f32x2(at, row_in ? dq[4 * j] : 0.f, row_in ? dq[4 * j + 1] : 0.f);
+          st_shared_f32x2(at + 8 * 128, row8_in ? dq[4 * j + 2] : 0.f, row8_in ? dq[4 * j + 3] : 0.f);
+        }
+        fence_proxy_async_shared();
+        named_barrier_sync(1 + wg, 128);  // this warpgroup's two boxes written
+        if ((tid & 127) == 0) {
+          tma::reduce_add_box(dq_map, boxes, col_tile * 64, sq.x + m0, h, bw);
+          tma::reduce_add_box(dq_map, boxes + kHDqBoxBytes, col_tile * 64 + 32, sq.x + m0, h, bw);
+          tma::bulk_commit();
+        }
+        continue;
+      }
       float* dst = dq_accum + ws_row * kD + col_tile * 64 + 2 * t4;  // + 8 j: column block j
       if (m0 + kHBlockM <= sq.y) {  // every row of the step inside the sequence (uniform): base + immediate
 #pragma unroll
@@ -452,6 +484,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(HFP_DKDV_PARAMS) {
     }
   }
   cp_async_wait<0>();
+  if constexpr (kHDqTma) {  // the last boxes' reduce complete before the block's shared memory goes
+    if ((tid & 127) == 0) tma::bulk_wait<0>();
+  }
 
   // dK (batch, seqlen_k, kv_heads, D), dV (batch, seqlen_k, kv_heads, D_v) contiguous; dK carries the softmax
   // scale of s = scale * q.k

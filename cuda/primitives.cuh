@@ -115,6 +115,11 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[M][N][4]) {
       for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
 }
 
+// Two fp32 values to a shared-memory address (8-byte aligned).
+__device__ __forceinline__ void st_shared_f32x2(uint32_t smem, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(a), "f"(b) : "memory");
+}
+
 // ---------------------------------------------------------------- atomics
 // Two adjacent fp32 values added atomically (a dQ accumulator pair). sm_90 has the vector reduction;
 // earlier GPUs add the two floats one by one, which gives the same sums.

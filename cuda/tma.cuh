@@ -1,6 +1,7 @@
 // hf_flashpatch: the Tensor Memory Accelerator (TMA, sm_90): tiles copied from global to shared memory by one
-// instruction of one thread, completing on an mbarrier. One concept: "how a tile gets into shared memory
-// without the threads copying it"; which tiles move is the kernel's business.
+// instruction of one thread, completing on an mbarrier, and tiles of shared memory added into global memory
+// (reduce-add), tracked by the issuing thread's bulk async-groups. One concept: "how a tile moves between
+// shared and global memory without the threads copying it"; which tiles move is the kernel's business.
 //
 // A copy is described by a tensor map (CUtensorMap, 128 opaque bytes) that the host encodes
 // (hf_flashpatch/kernels/tma.py: cuTensorMapEncodeTiled) and passes by value inside the kernel's
@@ -43,6 +44,28 @@ __device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(&desc)), "r"(column), "r"(head), "r"(row), "r"(batch), "r"(bar)
       : "memory");
+}
+
+// Add the fp32 box at (column, row, head, batch) of `desc`'s tensor, read from shared address `src` (1024-byte
+// aligned, the map's 128-byte swizzle), into global memory; part of this thread's current bulk async-group.
+__device__ __forceinline__ void reduce_add_box(const TmaDescriptor& desc, uint32_t src, int column, int row, int head,
+                                               int batch) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(&desc)),
+      "r"(column), "r"(row), "r"(head), "r"(batch), "r"(src)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// This thread's bulk groups but the newest kPending have read their shared memory (it may be rewritten).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+// This thread's bulk groups but the newest kPending are complete (their global writes done).
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 }  // namespace tma

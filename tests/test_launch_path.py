@@ -47,7 +47,8 @@ def test_parameter_buffer_has_the_c_layout(arg_types):
 
 def test_every_kernel_parameter_list_is_read_from_the_sources():
     """Each extern "C" kernel of cuda/: one letter per parameter, unique names, found in its own file only;
-    the shared lists (forward bodies, dK/dV kernels) give the same signature wherever they are used."""
+    the shared lists (forward bodies, dK/dV kernels) give the same signature wherever they are used (the dK/dV
+    kernel with dQ atomics takes dQ's tensor map first)."""
     import re
 
     entries = {}
@@ -62,7 +63,9 @@ def test_every_kernel_parameter_list_is_read_from_the_sources():
         assert set(signature.letters) <= set("PqiIfT") and sources.entry_source(entry) == source
     forward_lists = {sources.kernel_signature(entries[e], e) for e in entries if e.startswith("hfp_attention_forward")}
     assert len(forward_lists) == 1  # fwd.cu, fwd_hopper_ws.cu: FwdParams
-    assert sources.kernel_signature("bwd.cu", "bwd_dkdv") == sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
+    dkdv, dkdv_dq = sources.kernel_signature("bwd.cu", "bwd_dkdv"), sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
+    assert dkdv_dq.names == ("dq_map", *dkdv.names) and dkdv_dq.letters == "T" + dkdv.letters  # + dQ's TMA map
+    assert dkdv_dq.format == "128s" + dkdv.format  # the map first: nothing before it to align
     assert sources.kernel_signature("decode.cu", "hfp_decode_split") == sources.kernel_signature(
         "decode.cu", "hfp_decode_combine")  # DecodeParams
 

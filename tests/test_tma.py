@@ -38,6 +38,20 @@ def test_layouts_no_map_describes_are_refused_by_name():
         tma.descriptor(torch.empty(1, 30, 4, 64), 64)
 
 
+def test_the_dq_workspace_map_refuses_what_it_cannot_describe_by_name():
+    with pytest.raises(tma.TmaUnsupported, match="float32 tensor, got torch.bfloat16"):
+        tma.reduce_descriptor(torch.zeros(1, 2, 256, 128, dtype=torch.bfloat16))
+    with pytest.raises(tma.TmaUnsupported, match=r"strides \(65536, 32768, 1, 256\)"):
+        tma.reduce_descriptor(torch.zeros(1, 2, 128, 256).transpose(2, 3))
+
+
+def test_the_backward_takes_the_dq_map_before_its_flat_list():
+    signature = kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
+    assert signature.names[:2] == ("dq_map", "q") and signature.letters[:2] == "TP"
+    packed = struct.pack("@" + signature.format, b"\3" * 128, *[0] * (len(signature.letters) - 1))
+    assert packed[:128] == b"\3" * 128 and len(packed) == 128 + struct.calcsize("@" + signature.format[4:])
+
+
 def test_the_forward_parameter_struct_packs_the_descriptors_first():
     signature = kernel_signature("fwd_hopper_ws.cu", "hfp_attention_forward_sm90_ws")
     assert signature.names[:3] == ("k_tma", "v_tma", "q") and signature.letters[:3] == "TTP"
@@ -50,7 +64,7 @@ def _cuobjdump_parameter_offset(cubin: bytes, entry: str, tmp_path) -> int:
     path = tmp_path / "k.cubin"
     path.write_bytes(cubin)
     elf = subprocess.run([shutil.which("cuobjdump"), "-elf", str(path)], capture_output=True, text=True).stdout
-    section = elf[elf.index(f".nv.info.{entry}"):]
+    section = elf[elf.rindex(f".nv.info.{entry}"):]  # the section's body (the header table names it first)
     return int(re.search(r"EIATTR_KPARAM_INFO.*?Ordinal\s*:\s*0x0\s+Offset\s*:\s*(0x[0-9a-f]+)", section, re.S).group(1), 16)
 
 
@@ -66,6 +80,13 @@ def test_launch_starts_the_parameter_struct_where_the_cubin_puts_it(arch, tmp_pa
         offset = first_parameter_offset(cubin, entry)
         assert offset == _cuobjdump_parameter_offset(cubin, entry, tmp_path), (arch, build.source)
         assert offset % 16 == 0 and offset < 64
+    # the backward's dK/dV kernel with dQ atomics: dQ's 64-byte aligned map first, then the flat list
+    from hf_flashpatch.kernels.backward import BackwardConfig
+
+    cubin, _ = compile_cubin(BackwardConfig.choose(128, torch.bfloat16, False, arch).build())
+    offset = first_parameter_offset(cubin, "bwd_dkdv_dq_atomic")
+    assert offset == _cuobjdump_parameter_offset(cubin, "bwd_dkdv_dq_atomic", tmp_path)
+    assert offset % 16 == 0 and offset < 64
 
 
 def test_no_keys_need_no_map_and_an_unmappable_copy_is_refused_by_name(monkeypatch):

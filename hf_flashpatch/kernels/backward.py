@@ -45,6 +45,7 @@ from ..errors import KernelUnsupported
 from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason  # noqa: F401 - LOG2E re-exported
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
+from . import tma
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim
 from .value_head_dim import padded_gradients, padded_head_dim
@@ -250,8 +251,10 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
              shared_bytes=last.shared_bytes, tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
-        dkdv(grid_kv, (cfg.threads, 1, 1), *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars, heavy_first,
-             shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
+        # the wgmma body's d128 build adds dQ to the workspace with the TMA (cuda/bwd_hopper.cuh, kHDqTma)
+        dq_map = tma.reduce_descriptor(dq_accum) if cfg.body == "wgmma" else tma.NO_DESCRIPTOR
+        dkdv(grid_kv, (cfg.threads, 1, 1), dq_map, *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
+             heavy_first, shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
         blocks = (rows_valid * head_dim // 8 + 255) // 256
         if blocks > 0:  # bwd_convert_dq: scale and cast the fp32 dQ workspace
             last((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,

@@ -163,15 +163,23 @@ def kernel_signature(source: str, entry: str) -> Signature:
         depth += {"(": 1, ")": -1}.get(text[end], 0)
         end += 1
     params = " ".join(text[found.end() : end - 1].split())
-    if re.fullmatch(r"\w+", params):  # the whole list is a shared macro
-        params = " ".join(_macros()[params].split())
-    declarations = [d.strip() for d in params.split(",") if d.strip()]
+    declarations = []
+    for declaration in (d.strip() for d in params.split(",") if d.strip()):
+        if re.fullmatch(r"\w+", declaration):  # a shared macro's list
+            declarations += [d.strip() for d in " ".join(_macros()[declaration].split()).split(",") if d.strip()]
+        else:
+            declarations.append(declaration)
     struct_param = re.fullmatch(r"const\s+__grid_constant__\s+(?:\w+::)*(\w+)\s+\w+", declarations[0])
-    if len(declarations) == 1 and struct_param:
+    if len(declarations) == 1 and struct_param and struct_param.group(1) in _structs() \
+            and struct_param.group(1) != "TmaDescriptor":
         names, letters, fmt, _ = _struct_fields(struct_param.group(1))
         return Signature(tuple(names), letters, fmt)
     names = tuple(re.search(r"(\w+)\s*$", d).group(1) for d in declarations)
-    return Signature.flat(names, "".join(_letter(d) for d in declarations))
+    letters = "".join(_letter(d) for d in declarations)
+    fmt = ""
+    for letter in letters:  # a tensor map among the parameters: its bytes, at its alignment
+        fmt += _aligned_to(fmt, _SIZES[letter]) + _FORMATS.get(letter, letter) if letter in _FORMATS else letter
+    return Signature(names, letters, fmt)
 
 
 @functools.lru_cache(maxsize=None)

@@ -26,6 +26,7 @@ BOX_COLUMNS = 64  # 128 bytes of 16-bit elements: the 128-byte swizzle's row
 
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill
 _DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9}
+_FLOAT32 = 7
 _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 3, 0
 _CACHE_LIMIT = 4096
 
@@ -67,21 +68,40 @@ _maps: dict[tuple, bytes] = {}
 
 def descriptor(t: torch.Tensor, box_rows: int) -> bytes:
     """The encoded tensor map (``DESCRIPTOR_BYTES``) of ``t`` for boxes of ``box_rows`` rows (module docstring)."""
-    key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), box_rows)
-    found = _maps.get(key)
-    if found is not None:
-        return found
     if t.dtype not in _DATA_TYPES or t.data_ptr() % 16:
         raise TmaUnsupported(f"a tensor map takes a 16-byte aligned float16/bfloat16 tensor, got {t.dtype} at "
                              f"address {t.data_ptr():#x}")  # fmt: skip
     dims, strides, box = map_geometry(t, box_rows)
+    return _encoded(t, _DATA_TYPES[t.dtype], dims, strides, box)
+
+
+REDUCE_BOX = (32, 64)  # (columns, rows) of one dQ reduce box: 128 bytes of fp32 (the swizzle's row) x 64 queries
+
+
+def reduce_descriptor(dq_accum: torch.Tensor) -> bytes:
+    """The tensor map of the backward's fp32 dQ workspace ``(batch, heads, rows, head_dim)``, contiguous, for
+    the TMA's reduce-add of ``REDUCE_BOX`` boxes (rank 4: columns, rows, heads, batch; 128-byte swizzle)."""
+    batch, heads, rows, columns = dq_accum.shape
+    if dq_accum.dtype != torch.float32 or not dq_accum.is_contiguous() or dq_accum.data_ptr() % 16:
+        raise TmaUnsupported(f"the dQ workspace map takes a contiguous, 16-byte aligned float32 tensor, got "
+                             f"{dq_accum.dtype} shape {tuple(dq_accum.shape)} strides {dq_accum.stride()}")  # fmt: skip
+    strides = (columns * 4, rows * columns * 4, heads * rows * columns * 4)
+    return _encoded(dq_accum, _FLOAT32, (columns, rows, heads, batch), strides, (*REDUCE_BOX, 1, 1))
+
+
+def _encoded(t: torch.Tensor, data_type: int, dims, strides, box) -> bytes:
+    """The rank-4 map of ``t`` (memoised by address, type, dims, strides and box)."""
+    key = (t.data_ptr(), data_type, tuple(dims), tuple(strides), tuple(box))
+    found = _maps.get(key)
+    if found is not None:
+        return found
     if any(s % 16 or s == 0 for s in strides):
         raise TmaUnsupported(f"a tensor map needs strides of non-zero multiples of 16 bytes, got shape "
                              f"{tuple(t.shape)} strides {t.stride()} ({t.dtype})")  # fmt: skip
     storage = ctypes.create_string_buffer(DESCRIPTOR_BYTES + 64)
     address = (ctypes.addressof(storage) + 63) // 64 * 64  # the driver writes a 64-byte aligned map
     code = _encode_tiled()(
-        address, _DATA_TYPES[t.dtype], 4, t.data_ptr(), (ctypes.c_uint64 * 4)(*dims),
+        address, data_type, 4, t.data_ptr(), (ctypes.c_uint64 * 4)(*dims),
         (ctypes.c_uint64 * 3)(*strides), (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1),
         _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS,
     )  # fmt: skip
