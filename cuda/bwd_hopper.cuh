@@ -20,13 +20,14 @@
 //                     MN-major: d128 splits dQ's columns, 64 per warpgroup; d64 (64 columns, one
 //                     wgmma n64) splits its 128 query rows; 192/128 splits the columns 128 / 64, the
 //                     warpgroups swapping shares from step to step.
-//                     dQ is added to the fp32 workspace with atomics, as in the other bodies.
+//                     d64 / d128: dQ goes through shared memory to the TMA, which adds it to the fp32
+//                     workspace (kHDqTma); 192/128 adds it with reductions from registers, as the other bodies.
 // At 192/128 dK (96 registers) and dV (64) leave room for S^T / dP^T of 32 queries only: each 64-query step
 // runs S^T .. dK in two sub-steps of 32 queries (kHSubM), each retiring its dV / dK before the next.
-// Q/dO stages are handed over by per-stage mbarriers over three stages and dS^T is double-buffered, so
+// Q/dO stages are handed over by per-stage mbarriers over three stages and, at d128, dS^T is double-buffered, so
 // the one point per step where the warpgroups wait for each other is the barrier (B): both halves of
-// dS^T are in shared memory (see kHQStages below). 192/128 has room for one dS^T buffer: a second barrier
-// before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
+// dS^T are in shared memory (see kHQStages below). d64 (dQ's staging takes the room) and 192/128 have one dS^T
+// buffer: a second barrier before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
 #pragma once
 #include "hopper.cuh"
 #include "tma.cuh"
@@ -75,11 +76,12 @@ constexpr bool kHPipelined = !HAS_SOFTCAP;
 // (B). Stage s - 1 is refilled after (B) of step s: both warpgroups are past it then. dS^T of step s + 1
 // goes to the other buffer while dQ of step s may still read its own.
 constexpr int kHQStages = 3;
-constexpr int kHDsBuffers = kHValueOwn ? 1 : 2;  // 192/128: two would take 239 KB of shared memory
-// d128: dQ leaves through shared memory, each warpgroup's 64 x 64 as two 64-row x 32-column fp32 boxes (SW128),
-// added to the workspace by the TMA (one thread, tma::reduce_add_box), so the math warps issue no reductions.
-// d64 (32 KB more would not fit) and 192/128 keep the reductions from registers.
-constexpr bool kHDqTma = kHDqSplit && !kHValueOwn;
+constexpr int kHDsBuffers = kHValueOwn || kD == 64 ? 1 : 2;  // 192/128: two would take 239 KB; d64: dQ's staging
+// d64 / d128: dQ leaves through shared memory, each warpgroup's 64 x 64 (d128: its columns, d64: its query rows)
+// as two 64-row x 32-column fp32 boxes (SW128), added to the workspace by the TMA (one thread,
+// tma::reduce_add_box), so the math warps issue no reductions. At d64 the 32 KB of staging takes the place of the
+// second dS^T buffer; 192/128 has no room and keeps the reductions from registers.
+constexpr bool kHDqTma = !kHValueOwn;
 constexpr int kHDqBoxBytes = 64 * 32 * 4;
 constexpr int kHDqStageBytes = kHDqTma ? 2 * 2 * kHDqBoxBytes : 0;  // two warpgroups x two boxes
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
@@ -451,18 +453,20 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
         // lies in box j / 4, 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by the row (q_row + 8 has q_row's)
         const bool row_in = m0 + q_row < sq.y, row8_in = m0 + q_row + 8 < sq.y;
         const uint32_t boxes = dq_t + wg * (2 * kHDqBoxBytes);
+        const int box_row = (warp & 3) * 16 + g;  // q_row within this warpgroup's 64 rows
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const uint32_t at = boxes + (j / 4) * kHDqBoxBytes + q_row * 128 +
-                              (((2 * (j % 4) + (t4 >> 1)) ^ (q_row & 7)) * 16) + 8 * (t4 & 1);
+          const uint32_t at = boxes + (j / 4) * kHDqBoxBytes + box_row * 128 +
+                              (((2 * (j % 4) + (t4 >> 1)) ^ (box_row & 7)) * 16) + 8 * (t4 & 1);
           st_shared_f32x2(at, row_in ? dq[4 * j] : 0.f, row_in ? dq[4 * j + 1] : 0.f);
           st_shared_f32x2(at + 8 * 128, row8_in ? dq[4 * j + 2] : 0.f, row8_in ? dq[4 * j + 3] : 0.f);
         }
         fence_proxy_async_shared();
         named_barrier_sync(1 + wg, 128);  // this warpgroup's two boxes written
         if ((tid & 127) == 0) {
-          tma::reduce_add_box(dq_map, boxes, col_tile * 64, sq.x + m0, h, bw);
-          tma::reduce_add_box(dq_map, boxes + kHDqBoxBytes, col_tile * 64 + 32, sq.x + m0, h, bw);
+          const int row = sq.x + m0 + (kHDqRows ? wg * 64 : 0);  // this warpgroup's first query row
+          tma::reduce_add_box(dq_map, boxes, col_tile * 64, row, h, bw);
+          tma::reduce_add_box(dq_map, boxes + kHDqBoxBytes, col_tile * 64 + 32, row, h, bw);
           tma::bulk_commit();
         }
         continue;
