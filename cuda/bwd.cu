@@ -102,7 +102,7 @@ extern "C" __constant__ int bwd_dkdv_shared_bytes = kDefaultSharedBytes;
 extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) * kPadD * 2;  // bwd_dq's carve-up
 #endif
 
-// dq_map: the TMA map of dq_accum that the wgmma body's d128 build reduces dQ with (kernels/tma.py,
+// dq_map: the TMA map of dq_accum that the wgmma body adds dQ with at d64 / d128 (kernels/tma.py,
 // reduce_descriptor); the other builds do not read it.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
     bwd_dkdv_dq_atomic(const __grid_constant__ hfp::TmaDescriptor dq_map, HFP_DKDV_PARAMS) {

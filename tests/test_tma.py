@@ -45,6 +45,28 @@ def test_the_dq_workspace_map_refuses_what_it_cannot_describe_by_name():
         tma.reduce_descriptor(torch.zeros(1, 2, 128, 256).transpose(2, 3))
 
 
+def test_only_the_builds_that_reduce_dq_by_the_tma_get_its_map(monkeypatch):
+    from hf_flashpatch.errors import KernelUnsupported
+    from hf_flashpatch.kernels import backward
+
+    encoded = []
+    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: encoded.append(t) or b"\5" * 128)
+    dq_accum = torch.zeros(1, 2, 256, 128)
+    d128 = backward.BackwardConfig.choose(128, torch.bfloat16, False, "sm_90a")
+    assert backward._dq_map(d128, dq_accum) == b"\5" * 128 and encoded == [dq_accum]
+    mla = backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_90a", head_dim_v=128)  # reduces from registers
+    ampere = backward.BackwardConfig.choose(128, torch.bfloat16, False, "sm_80")  # the mma.sync bodies
+    assert backward._dq_map(mla, dq_accum) == backward._dq_map(ampere, dq_accum) == tma.NO_DESCRIPTOR
+    assert backward._dq_map(d128, torch.zeros(0, 2, 256, 128)) == tma.NO_DESCRIPTOR and len(encoded) == 1
+
+    def refuse(t):
+        raise tma.TmaUnsupported("refused here")
+
+    monkeypatch.setattr(backward.tma, "reduce_descriptor", refuse)
+    with pytest.raises(KernelUnsupported, match="dQ workspace for the TMA: refused here"):
+        backward._dq_map(d128, dq_accum)
+
+
 def test_the_backward_takes_the_dq_map_before_its_flat_list():
     signature = kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
     assert signature.names[:2] == ("dq_map", "q") and signature.letters[:2] == "TP"

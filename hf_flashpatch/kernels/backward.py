@@ -42,10 +42,9 @@ from typing import Optional
 import torch
 
 from ..errors import KernelUnsupported
-from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason  # noqa: F401 - LOG2E re-exported
+from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason, tma  # noqa: F401 - LOG2E re-exported
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
-from . import tma
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim
 from .value_head_dim import padded_gradients, padded_head_dim
@@ -251,8 +250,7 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
              shared_bytes=last.shared_bytes, tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
-        # the wgmma body's d128 build adds dQ to the workspace with the TMA (cuda/bwd_hopper.cuh, kHDqTma)
-        dq_map = tma.reduce_descriptor(dq_accum) if cfg.body == "wgmma" else tma.NO_DESCRIPTOR
+        dq_map = _dq_map(cfg, dq_accum)
         dkdv(grid_kv, (cfg.threads, 1, 1), dq_map, *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
              heavy_first, shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
         blocks = (rows_valid * head_dim // 8 + 255) // 256
@@ -260,6 +258,18 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
             last((blocks, heads, batch_ws), (256, 1, 1), dq_accum, dq, heads, rows_valid, rows_pad, scale,
                  tensors=(dq_accum, dq))  # fmt: skip
     return dq, dk, dv
+
+
+def _dq_map(cfg: BackwardConfig, dq_accum: torch.Tensor) -> bytes:
+    """The tensor map of the dQ workspace for the builds that add dQ to it with the TMA: the wgmma body with one
+    head dim (d64, d128; ``cuda/bwd_hopper.cuh``, ``kHDqTma``). The others do not read the parameter. A map the
+    driver refuses raises KernelUnsupported: the torch backward serves the call."""
+    if cfg.body != "wgmma" or cfg.head_dim_v is not None or dq_accum.numel() == 0:
+        return tma.NO_DESCRIPTOR
+    try:
+        return tma.reduce_descriptor(dq_accum)
+    except tma.TmaUnsupported as exc:
+        raise KernelUnsupported(f"the Hopper backward cannot map its dQ workspace for the TMA: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------ custom op

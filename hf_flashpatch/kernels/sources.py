@@ -83,6 +83,11 @@ _SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4, "T": 64}  # the alignment of e
 _FORMATS = {"T": "128s"}  # a tensor map packs as its bytes; the other letters are struct formats themselves
 
 
+def _with_letter(fmt: str, letter: str) -> str:
+    """``fmt`` followed by ``letter``'s format, a tensor map's bytes padded to its 64-byte alignment first."""
+    return fmt + (_aligned_to(fmt, _SIZES[letter]) + _FORMATS[letter] if letter in _FORMATS else letter)
+
+
 def _aligned_to(fmt: str, alignment: int) -> str:
     """Padding bytes (a ``struct`` format) that bring ``fmt``'s size to a multiple of ``alignment``."""
     pad = -struct.calcsize("@" + fmt) % alignment
@@ -141,10 +146,7 @@ def _struct_fields(name: str, prefix: str = "") -> tuple[list[str], str, str, in
                 letter = _letter(field_type + " " + part[: -len(field)])
                 names.append(prefix + field)
                 letters += letter
-                if letter in _FORMATS:
-                    fmt += _aligned_to(fmt, _SIZES[letter]) + _FORMATS[letter]
-                else:
-                    fmt += letter
+                fmt = _with_letter(fmt, letter)
                 align = max(align, _SIZES[letter])
     tail = _aligned_to(fmt, align) if align > 8 else ("0q" if align == 8 else "0i")
     return names, letters, fmt + tail, align  # tail padding to the alignment
@@ -170,15 +172,14 @@ def kernel_signature(source: str, entry: str) -> Signature:
         else:
             declarations.append(declaration)
     struct_param = re.fullmatch(r"const\s+__grid_constant__\s+(?:\w+::)*(\w+)\s+\w+", declarations[0])
-    if len(declarations) == 1 and struct_param and struct_param.group(1) in _structs() \
-            and struct_param.group(1) != "TmaDescriptor":
+    if len(declarations) == 1 and struct_param and struct_param.group(1) != "TmaDescriptor":
         names, letters, fmt, _ = _struct_fields(struct_param.group(1))
         return Signature(tuple(names), letters, fmt)
     names = tuple(re.search(r"(\w+)\s*$", d).group(1) for d in declarations)
     letters = "".join(_letter(d) for d in declarations)
     fmt = ""
-    for letter in letters:  # a tensor map among the parameters: its bytes, at its alignment
-        fmt += _aligned_to(fmt, _SIZES[letter]) + _FORMATS.get(letter, letter) if letter in _FORMATS else letter
+    for letter in letters:
+        fmt = _with_letter(fmt, letter)
     return Signature(names, letters, fmt)
 
 
