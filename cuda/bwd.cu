@@ -35,16 +35,17 @@ using namespace hfp::bwd;
 // --------------------------------------------------------------------------------- preprocess
 // grid (ceil(rows_pad / 32), heads, batch_ws), 128 threads: 4 threads per row, 32 rows per block.
 // out/dout rows of kDv; lse: (batch_ws, heads, rows_valid) fp32 contiguous; dlse same or null. Workspaces
-// (batch_ws, heads, rows_pad).
+// (batch_ws, heads, rows_pad). Varlen (cu_q, num_seqs): tokens past cu_q[num_seqs] belong to no sequence and
+// get the padded rows' values whatever their out / dout / lse hold (NaN too), as rows the bodies mask.
 extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
     const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ dlse, float* __restrict__ lse2_ws, float* __restrict__ dvec_ws,
-    int64_t o_sb, int64_t o_ss, int64_t o_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh,
-    int heads, int rows_valid, int rows_pad) {
+    const int* __restrict__ cu_q, int num_seqs, int64_t o_sb, int64_t o_ss, int64_t o_sh, int64_t do_sb,
+    int64_t do_ss, int64_t do_sh, int heads, int rows_valid, int rows_pad) {
   const int row = blockIdx.x * 32 + threadIdx.x / 4, part = threadIdx.x % 4;
   const int h = blockIdx.y, bw = blockIdx.z;
   float acc = 0.f;
-  const bool valid = row < rows_valid;
+  const bool valid = row < (cu_q == nullptr ? rows_valid : min(rows_valid, cu_q[num_seqs]));
   if (valid) {
     const T* o = out + bw * o_sb + row * o_ss + h * o_sh;
     const T* d = dout + bw * do_sb + row * do_ss + h * do_sh;
@@ -102,12 +103,14 @@ extern "C" __constant__ int bwd_dkdv_shared_bytes = kDefaultSharedBytes;
 extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) * kPadD * 2;  // bwd_dq's carve-up
 #endif
 
-// dq_map: the TMA map of dq_accum that the wgmma body adds dQ with at d64 / d128 (kernels/tma.py,
-// reduce_descriptor); the other builds do not read it.
+// The TMA maps the wgmma body reads (kernels/backward.py, _tensor_maps): its loads of q, dout and the
+// lse2 / D workspace, and (d64 / d128) its reduce-add into dq_accum. The other bodies do not read them.
 extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
-    bwd_dkdv_dq_atomic(const __grid_constant__ hfp::TmaDescriptor dq_map, HFP_DKDV_PARAMS) {
+    bwd_dkdv_dq_atomic(const __grid_constant__ hfp::TmaDescriptor dq_map, const __grid_constant__ hfp::TmaDescriptor q_map,
+                       const __grid_constant__ hfp::TmaDescriptor do_map,
+                       const __grid_constant__ hfp::TmaDescriptor stats_map, HFP_DKDV_PARAMS) {
 #if BWD_WGMMA
-  dkdv_wgmma_body(dq_map, HFP_DKDV_ARGS);  // all five GEMMs on warpgroup MMA (cuda/bwd_hopper.cuh)
+  dkdv_wgmma_body(dq_map, q_map, do_map, stats_map, HFP_DKDV_ARGS);  // all five GEMMs on wgmma (bwd_hopper.cuh)
 #elif BWD_TILED
   dkdv_tiled_body(HFP_DKDV_ARGS);  // 2-D warp tiling of all five GEMMs (cuda/bwd_tiled.cuh)
 #else

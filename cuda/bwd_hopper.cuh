@@ -24,9 +24,10 @@
 //                     workspace (kHDqTma); 192/128 adds it with reductions from registers, as the other bodies.
 // At 192/128 dK (96 registers) and dV (64) leave room for S^T / dP^T of 32 queries only: each 64-query step
 // runs S^T .. dK in two sub-steps of 32 queries (kHSubM), each retiring its dV / dK before the next.
-// Q/dO stages are handed over by per-stage mbarriers over three stages and, at d128, dS^T is double-buffered, so
-// the one point per step where the warpgroups wait for each other is the barrier (B): both halves of
-// dS^T are in shared memory (see kHQStages below). d64 (dQ's staging takes the room) and 192/128 have one dS^T
+// Q/dO stages (with the steps' lse2 and D rows) are copied by the TMA, one thread issuing them two steps ahead,
+// and handed over by per-stage mbarriers over three stages; at d128 dS^T is double-buffered, so the one point per
+// step where the warpgroups wait for each other is the barrier (B): both halves of dS^T are in shared memory (see
+// kHQStages below). d64 (dQ's staging takes the room) and 192/128 have one dS^T
 // buffer: a second barrier before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
 #pragma once
 #include "hopper.cuh"
@@ -70,11 +71,11 @@ constexpr bool kHRetireBeforeDq = kD == 128;
 // Without softcap, P^T is formed while dP^T runs and dS^T while dV runs; softcap needs 1 - tanh^2 of each
 // score for dS^T, so P^T and dS^T are formed in one pass after both products.
 constexpr bool kHPipelined = !HAS_SOFTCAP;
-// Three Q/dO (+ lse, D) stages whose arrival each thread signals on the stage's mbarrier (after waiting for
-// its own copies one step later), and two dS^T buffers: no block barrier at a step's start, so a warpgroup
-// that finishes its dQ share first starts the next step's S^T / dP^T, and the two warpgroups meet only at
-// (B). Stage s - 1 is refilled after (B) of step s: both warpgroups are past it then. dS^T of step s + 1
-// goes to the other buffer while dQ of step s may still read its own.
+// Three Q/dO (+ lse2, D) stages, each copied by the TMA (thread 0 announces the stage's bytes on its mbarrier and
+// issues a box per 64 columns of Q and of dO and one box of the two statistics rows), and two dS^T buffers: no
+// block barrier at a step's start, so a warpgroup that finishes its dQ share first starts the next step's S^T /
+// dP^T, and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s: both warpgroups
+// are past it then. dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own.
 constexpr int kHQStages = 3;
 constexpr int kHDsBuffers = kHValueOwn || kD == 64 ? 1 : 2;  // 192/128: two would take 239 KB; d64: dQ's staging
 // d64 / d128: dQ leaves through shared memory, each warpgroup's 64 x 64 (d128: its columns, d64: its query rows)
@@ -84,13 +85,20 @@ constexpr int kHDsBuffers = kHValueOwn || kD == 64 ? 1 : 2;  // 192/128: two wou
 constexpr bool kHDqTma = !kHValueOwn;
 constexpr int kHDqBoxBytes = 64 * 32 * 4;
 constexpr int kHDqStageBytes = kHDqTma ? 2 * 2 * kHDqBoxBytes : 0;  // two warpgroups x two boxes
+// A stage's lse2 and D rows (fp32) come in one box of the stats map. A TMA copy starts 16-byte aligned in its
+// innermost dim (the rows here), so the box starts at the step's first row rounded down to a multiple of 4 and
+// takes 4 more rows (kernels/tma.py, stats_descriptor); a step reads its rows from offset (first row % 4).
+constexpr int kHStatsRows = kHBlockM + 4;
+constexpr int kHStatsBoxBytes = 2 * kHStatsRows * 4;
+constexpr int kHStatsBytes = (kHStatsBoxBytes + 127) / 128 * 128;  // a stage's box, 128-byte aligned for the copy
+constexpr int kHStageBytes = kHQBytes + kHDoBytes + kHStatsBoxBytes;  // the bytes a stage's mbarrier waits for
 static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 
 // The shared-memory footprint (bytes, before the 1 KB alignment slack): K, V, kHQStages stages of Q and dO,
-// kHDsBuffers of dS^T, kHQStages stages of lse2 / D, then the stage mbarriers.
+// kHDsBuffers of dS^T, dQ's staging, kHQStages stages of lse2 / D, then the stage mbarriers.
 // The launch provides it plus 1 KB to round the base up (bwd.cu: bwd_dkdv_dq_atomic_shared_bytes).
 constexpr int kHSmemBytes = kHKBytes + kHVBytes + kHQStages * (kHQBytes + kHDoBytes) + kHDsBuffers * kHDsBytes +
-                            kHDqStageBytes + 2 * kHQStages * kHBlockM * 4 + 8 * kHQStages;
+                            kHDqStageBytes + kHQStages * kHStatsBytes + 8 * kHQStages;
 
 template <int N>
 __device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
@@ -112,7 +120,7 @@ __device__ __forceinline__ float (&acc_columns(float (&d)[N]))[kLen / 2] {
   return *reinterpret_cast<float(*)[kLen / 2]>(d + kFirst / 2);
 }
 
-// Copy rows [0, kRows) of a (rows, kCols) matrix into a SW128 tile; rows >= valid_rows zero-filled (their copy
+// Copy rows [0, kRows) of a (rows, kCols) matrix into a SW128 tile (the block's K and V); rows >= valid_rows zero-filled (their copy
 // reads the tile's first row, in bounds, for none of its bytes). The threads cover whole rows at a time where a
 // row's 16-byte chunks divide them, else (192 columns: 24 chunks) one 64-column sub-tile after the other. A
 // thread's rows lie kRowStep apart: one 64-bit add per row, not a row * stride product.
@@ -191,7 +199,12 @@ __device__ __forceinline__ void h_pack(uint32_t (&a)[kHSubM / 16][4], const floa
   }
 }
 
-__device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP_DKDV_PARAMS) {
+// The maps (kernels/backward.py, _tensor_maps): q_map / do_map over q / dout (a box per 64 columns of a step's
+// kHBlockM rows), stats_map over the (2, batch_ws, heads, rows_pad) lse2 / D workspace (a box: a step's rows of
+// both), dq_map over the dQ workspace (kHDqTma builds).
+__device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, const TmaDescriptor& q_map,
+                                                const TmaDescriptor& do_map, const TmaDescriptor& stats_map,
+                                                HFP_DKDV_PARAMS) {
   using namespace sm90;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -202,10 +215,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
   const uint32_t do_t = q_t + kHQStages * kHQBytes;    // (kHQStages, SW128 (64 queries, D_v))
   const uint32_t ds_t = do_t + kHQStages * kHDoBytes;  // (kHDsBuffers, SW128 (128 keys, 64 queries)): dS^T
   const uint32_t dq_t = ds_t + kHDsBuffers * kHDsBytes;  // kHDqTma: (2 warpgroups, 2 boxes, SW128 (64, 32 fp32))
-  const uint32_t lse_t = dq_t + kHDqStageBytes;
-  float* lse_s = reinterpret_cast<float*>(smem_raw + (lse_t - raw));  // (kHQStages, 64)
-  float* dvec_s = lse_s + kHQStages * kHBlockM;                        // (kHQStages, 64)
-  const uint32_t full_bars = lse_t + 2 * kHQStages * kHBlockM * 4;  // (kHQStages,) stage mbarriers, 8-aligned
+  const uint32_t stats_t = dq_t + kHDqStageBytes;  // (kHQStages, kHStatsBytes): (2, kHStatsRows) fp32, lse2 then D
+  const float* stats_s = reinterpret_cast<const float*>(smem_raw + (stats_t - raw));
+  const uint32_t full_bars = stats_t + kHQStages * kHStatsBytes;  // (kHQStages,) stage mbarriers, 8-aligned
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2;
@@ -228,8 +240,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
   const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
   // The steps walk the group's heads, each over its m_count query tiles: step i is head hk * group + i / m_count,
-  // tile m_first + i % m_count. The loads, two steps ahead, follow it with a cursor advanced by increments; the
-  // computed step divides (a cursor for it too, live across the whole step, made the d64 and 192/128 builds spill).
+  // tile m_first + i % m_count. The loads, two steps ahead, follow it with a cursor advanced by increments (thread
+  // 0's); the computed step divides (a cursor for it too, live across the whole step, made the d64 and 192/128
+  // builds spill).
   struct StepCursor {
     int h, m0;
   };
@@ -240,18 +253,19 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
       ++c.h;
     }
   };
-  auto load_q_side = [&](StepCursor c, int stage) {
-    const int h = c.h, m0 = c.m0;
-    h_load_tile<kHBlockM, kD>(q_t + stage * kHQBytes, q + b * q_sb + int64_t(sq.x + m0) * q_ss + h * q_sh, q_ss,
-                              sq.y - m0, tid);
-    h_load_tile<kHBlockM, kDv>(do_t + stage * kHDoBytes, dout + b * do_sb + int64_t(sq.x + m0) * do_ss + h * do_sh,
-                               do_ss, sq.y - m0, tid);
-    const int64_t ws = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0;
-    if (tid < kHBlockM) {
-      cp_async_4(smem_addr(lse_s + stage * kHBlockM + tid), lse2_ws + ws + tid);
-    } else if (tid < 2 * kHBlockM) {
-      cp_async_4(smem_addr(dvec_s + stage * kHBlockM + tid - kHBlockM), dvec_ws + ws + tid - kHBlockM);
-    }
+  // Thread 0: step c's stage by the TMA. The maps' rows are the sequence's (batched: zeros past its end) or the
+  // packed tokens (varlen, batch 0: rows past the sequence belong to the next one; the step zeroes them).
+  auto load_stage = [&](StepCursor c, int stage) {
+    const uint32_t bar = full_bars + 8 * stage;
+    const int row = sq.x + c.m0;
+    tma::arrive_expect_bytes(bar, kHStageBytes);
+#pragma unroll
+    for (int sub = 0; sub < kD / 64; ++sub)
+      tma::load_box(q_t + stage * kHQBytes + sub * kHStepSubBytes, q_map, sub * 64, c.h, row, bw, bar);
+#pragma unroll
+    for (int sub = 0; sub < kDv / 64; ++sub)
+      tma::load_box(do_t + stage * kHDoBytes + sub * kHStepSubBytes, do_map, sub * 64, c.h, row, bw, bar);
+    tma::load_box(stats_t + stage * kHStatsBytes, stats_map, row & ~3, c.h, bw, 0, bar);
   };
 
   float dv_acc[kDv / 2], dk_acc[kD / 2];  // (64 keys x D_v), (64 keys x D) per warpgroup, accumulator layout
@@ -264,30 +278,40 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
   const SteppedDescriptor smem_desc = SteppedDescriptor::at(base, 0, kSwizzleAtomBytes);
   const uint32_t wg_rows = uniform_warpgroup(tid) * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
 
-  StepCursor load_at{hk * group, m_first * kHBlockM};
-  if (steps > 0) load_q_side(load_at, 0);
-  advance(load_at);
-  cp_async_commit();
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, kThreads);
+    for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, 1);  // thread 0's arrival + the bytes
   }
-  if (steps > 1) load_q_side(load_at, 1);
-  advance(load_at);
-  cp_async_commit();
-  __syncthreads();      // the mbarriers are initialised before anyone arrives
-  cp_async_wait<1>();   // K, V and step 0's stage (this thread's copies)
+  __syncthreads();  // the mbarriers are initialised before anyone arrives or waits
+  StepCursor load_at{hk * group, m_first * kHBlockM};
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      if (i < steps) load_stage(load_at, i);
+      advance(load_at);
+    }
+  }
+  cp_async_wait<0>();  // K, V (this thread's copies)
   fence_proxy_async_shared();
-  mbarrier_arrive(full_bars);  // stage 0, use 0
+  __syncthreads();  // everyone's
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kHQStages;
-    mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // every thread's copies of this stage
-    const uint32_t ds_cur = ds_t + (step % kHDsBuffers) * kHDsBytes;  // this step's dS^T buffer
-
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
     const uint32_t q_stage = stage * kHQBytes, do_stage = stage * kHDoBytes;  // byte offsets of this step's stage
+    mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // the stage's boxes landed
+    const float* lses = stats_s + stage * (kHStatsBytes / 4) + (sq.x & 3);  // this step's lse2 rows (m0 % 4 = 0)
+    const float* dvs = lses + kHStatsRows;  // and its D rows
+    if (cu_q != nullptr && m0 + kHBlockM > sq.y) {
+      // varlen: the rows past the sequence are the next one's, or tokens of no sequence (anything, NaN too). Their
+      // P^T is masked to 0, their D is finite (bwd_preprocess); zero their Q and dO, so 0 times them stays 0 in
+      // dS^T, dV and dK.
+      zero_tile_rows<kHBlockM, kD / 64, kThreads>(q_t + q_stage, sq.y - m0, tid);
+      zero_tile_rows<kHBlockM, kDv / 64, kThreads>(do_t + do_stage, sq.y - m0, tid);
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+    const uint32_t ds_cur = ds_t + (step % kHDsBuffers) * kHDsBytes;  // this step's dS^T buffer
     // This step's operand descriptors, each one add from the base: this warpgroup's K / V rows (the A of S^T /
     // dP^T), Q and dO read K-major (the B of S^T / dP^T) and MN-major (the B of dK / dV, leading offset one
     // 64-column sub-tile), dS^T and the K tile read MN-major (dQ's A and B). From an opaque base: hoisted out of the
@@ -301,8 +325,6 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
     const SteppedDescriptor do_mnmajor = step_desc.tile(do_t - base + do_stage, kHStepSubBytes);
     const SteppedDescriptor ds_mnmajor = step_desc.tile(ds_t - base, kHDsSubBytes);
     const SteppedDescriptor k_mnmajor = step_desc.tile(k_t - base, kHKBytes);
-    const float* lses = lse_s + stage * kHBlockM;
-    const float* dvs = dvec_s + stage * kHBlockM;
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
 
     float s[kHSubM / 2], dp[kHSubM / 2];
@@ -414,14 +436,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
       if ((tid & 127) == 0) tma::bulk_wait_read<0>();
     }
     __syncthreads();  // (B) both halves
-    // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2. Then
-    // this thread's copies for step + 1 (issued a step ago) have landed: signal them.
-    if (step + 2 < steps) load_q_side(load_at, (step + 2) % kHQStages);
-    advance(load_at);
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async_shared();
-    mbarrier_arrive(full_bars + 8 * ((step + 1) % kHQStages));
+    // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2.
+    if (tid == 0) {
+      if (step + 2 < steps) load_stage(load_at, (step + 2) % kHQStages);
+      advance(load_at);
+    }
     if constexpr (kHRetireBeforeDq) {
       wgmma_wait<0>();  // retire dV / dK first: their A fragments die before dQ's accumulators are born
       fence_step_operands();
@@ -487,7 +506,6 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, HFP
       }
     }
   }
-  cp_async_wait<0>();
   if constexpr (kHDqTma) {  // the last boxes' reduce complete before the block's shared memory goes
     if ((tid & 127) == 0) tma::bulk_wait<0>();
   }

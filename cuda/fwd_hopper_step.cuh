@@ -76,18 +76,6 @@ __device__ __forceinline__ void load_query_rows(const SharedTiles& smem, const h
       });
 }
 
-// Zero rows [first_row, BLOCK_N) of a SW128 V tile (every 64-column sub-tile; the swizzle permutes chunks within
-// a row, so whole rows are contiguous 128 bytes), by the kMathThreads math threads (math_tid).
-__device__ __forceinline__ void zero_rows_from(uint32_t v_tile, int first_row, int math_tid) {
-  constexpr int kSubTiles = HEAD_DIM_V / 64;
-  const int chunks = (BLOCK_N - first_row) * 8 * kSubTiles;  // 16-byte chunks
-  for (int c = math_tid; c < chunks; c += kMathThreads) {
-    const int sub = c / ((BLOCK_N - first_row) * 8), rest = c - sub * ((BLOCK_N - first_row) * 8);
-    const uint32_t addr = v_tile + sub * (BLOCK_N * kSubTileRowBytes) + first_row * kSubTileRowBytes + rest * 16;
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
-  }
-}
-
 // S (64 x BLOCK_N per warpgroup) = Q K^T over the head dim: 16 elements (32 bytes) per k-step. q_rows /
 // k_tile: descriptors of this warpgroup's first Q row and of the K tile's first row (SW128, K-major).
 __device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], hfp::sm90::SteppedDescriptor q_rows,

@@ -150,7 +150,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       const int r = ring + i, slot = r % KV_STAGES;
       mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
       if (i == 0 && partial_first) {  // V rows past the sequence's end: zeros, before any P V reads them
-        zero_rows_from(smem.v_ring + slot * kVBytes, tile.span.seqlen_k - first_key0, math_tid);
+        const int first_row = tile.span.seqlen_k - first_key0;
+        zero_tile_rows<BLOCK_N, HEAD_DIM_V / 64, kMathThreads>(smem.v_ring + slot * kVBytes, first_row, math_tid);
         fence_proxy_async_shared();
         named_barrier_sync(kMathBarrier, kMathThreads);
       }

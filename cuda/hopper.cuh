@@ -120,6 +120,18 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Zero rows [first_row, kRows) of a SW128 tile of kSubTiles 64-column sub-tiles (the swizzle permutes chunks
+// within a row, so a row is 128 contiguous bytes of its sub-tile), by kThreads threads (tid).
+template <int kRows, int kSubTiles, int kThreads>
+__device__ __forceinline__ void zero_tile_rows(uint32_t tile, int first_row, int tid) {
+  const int row_chunks = (kRows - first_row) * 8;  // 16-byte chunks per sub-tile
+  for (int c = tid; c < row_chunks * kSubTiles; c += kThreads) {
+    const int sub = c / row_chunks, rest = c - sub * row_chunks;
+    const uint32_t addr = tile + sub * (kRows * kSwizzleRowBytes) + first_row * kSwizzleRowBytes + rest * 16;
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0) : "memory");
+  }
+}
+
 // Keep the compiler from moving reads or writes of wgmma accumulators across the asynchronous
 // window (between issue and wait the hardware owns those registers).
 template <int N>

@@ -4,12 +4,13 @@
 // shared and global memory without the threads copying it"; which tiles move is the kernel's business.
 //
 // A copy is described by a tensor map (CUtensorMap, 128 opaque bytes) that the host encodes
-// (hf_flashpatch/kernels/tma.py: cuTensorMapEncodeTiled) and passes by value inside the kernel's
-// __grid_constant__ parameter struct. The maps this project encodes are rank 4, (columns, heads, rows, batch)
-// with the columns contiguous: a (batch, rows, heads, columns) tensor, or a varlen (tokens, heads, columns)
-// one with a batch of 1. A box is 64 columns (128 bytes) x 1 head x `rows` rows x 1 batch, written with the
-// 128-byte swizzle: exactly one SW128 sub-tile of hopper.cuh (row r's 16-byte chunk c at c ^ (r % 8)), so a
-// box lands where cp.async would have put it. Rows past the tensor's end are zero-filled.
+// (hf_flashpatch/kernels/tma.py: cuTensorMapEncodeTiled) and passes by value as a __grid_constant__
+// parameter (or inside the kernel's parameter struct). The maps this project encodes are rank 4. Q/K/V/dO:
+// (columns, heads, rows, batch) with the columns contiguous, a (batch, rows, heads, columns) tensor or a varlen
+// (tokens, heads, columns) one with a batch of 1; a box is 64 columns (128 bytes) x 1 head x `rows` rows x 1
+// batch, written with the 128-byte swizzle: exactly one SW128 sub-tile of hopper.cuh (row r's 16-byte chunk c at
+// c ^ (r % 8)), so a box lands where cp.async would have put it. Rows past the tensor's end are zero-filled. The
+// backward's fp32 maps (its row statistics, its dQ workspace) are described in tma.py.
 #pragma once
 #include <stdint.h>
 
@@ -35,14 +36,15 @@ __device__ __forceinline__ void arrive_expect_bytes(uint32_t bar, uint32_t bytes
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
-// Copy the box at (column, head, row, batch) of `desc`'s tensor to shared address `dst` (1024-byte aligned
-// for the swizzle), signalling its bytes on `bar`.
-__device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc, int column, int head, int row,
-                                         int batch, uint32_t bar) {
+// Copy the box whose first element sits at coordinates (x0, x1, x2, x3) of `desc`'s tensor, in the map's dim
+// order (the K/V/Q maps: column, head, row, batch), to shared address `dst` (1024-byte aligned for the swizzle,
+// 128-byte without), signalling its bytes on `bar`.
+__device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc, int x0, int x1, int x2, int x3,
+                                         uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(&desc)), "r"(column), "r"(head), "r"(row), "r"(batch), "r"(bar)
+      "l"(reinterpret_cast<uint64_t>(&desc)), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(bar)
       : "memory");
 }
 

@@ -81,6 +81,9 @@ def _cases(torch, hfp):
         cases[f"bwd d{d} 4x4k {'causal' if causal else 'full'}"] = (backward_case(q, k, v, causal), "graph")
     q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
     cases["bwd d192/128 4x4k causal"] = (backward_case(q, k, v, True), "graph")
+    for length in (4096, 16384):  # the fine-tune shape: one sequence, 32 / 8 heads (few blocks: 8 x length / 128)
+        q, k, v = rand(1, length, 32, 64), rand(1, length, 8, 64), rand(1, length, 8, 64)
+        cases[f"bwd d64 1x{length // 1024}k 32/8 causal"] = (backward_case(q, k, v, True), "graph")
     batch, length = 64, 4096
     q = rand(batch, 1, 32, 128)
     k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)

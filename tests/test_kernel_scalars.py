@@ -73,7 +73,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)
     monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows: bytes(128))  # the Hopper body's K/V maps (no driver)
-    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # and the backward's dQ map
+    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # and the backward's maps
+    monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: bytes(128))
     monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": None)
     monkeypatch.setattr(decode.DecodeConfig, "build", lambda self, arch="sm_90a": None)
     monkeypatch.setattr(backward.BackwardConfig, "build", lambda self: None)

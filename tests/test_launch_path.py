@@ -64,8 +64,9 @@ def test_every_kernel_parameter_list_is_read_from_the_sources():
     forward_lists = {sources.kernel_signature(entries[e], e) for e in entries if e.startswith("hfp_attention_forward")}
     assert len(forward_lists) == 1  # fwd.cu, fwd_hopper_ws.cu: FwdParams
     dkdv, dkdv_dq = sources.kernel_signature("bwd.cu", "bwd_dkdv"), sources.kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
-    assert dkdv_dq.names == ("dq_map", *dkdv.names) and dkdv_dq.letters == "T" + dkdv.letters  # + dQ's TMA map
-    assert dkdv_dq.format == "128s" + dkdv.format  # the map first: nothing before it to align
+    maps = ("dq_map", "q_map", "do_map", "stats_map")  # + the wgmma body's TMA maps
+    assert dkdv_dq.names == (*maps, *dkdv.names) and dkdv_dq.letters == "TTTT" + dkdv.letters
+    assert dkdv_dq.format == "128s" * 4 + dkdv.format  # the maps first: 128 bytes each, nothing to align
     assert sources.kernel_signature("decode.cu", "hfp_decode_split") == sources.kernel_signature(
         "decode.cu", "hfp_decode_combine")  # DecodeParams
 

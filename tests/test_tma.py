@@ -45,33 +45,55 @@ def test_the_dq_workspace_map_refuses_what_it_cannot_describe_by_name():
         tma.reduce_descriptor(torch.zeros(1, 2, 128, 256).transpose(2, 3))
 
 
-def test_only_the_builds_that_reduce_dq_by_the_tma_get_its_map(monkeypatch):
+def test_the_row_statistics_map_takes_both_rows_of_a_step_in_one_box(monkeypatch):
+    encoded = []
+    monkeypatch.setattr(tma, "_encoded", lambda t, *args: encoded.append(args) or b"\7" * 128)
+    stats = torch.empty(2, 3, 4, 256)  # (lse2 | D, batch, heads, rows_pad)
+    assert tma.stats_descriptor(stats, 64) == b"\7" * 128
+    data_type, dims, strides, box, swizzle = encoded[0]
+    assert (dims, strides, box) == ((256, 4, 3, 2), (1024, 4096, 12 * 1024), (68, 1, 1, 2))  # from a row % 4 == 0
+    assert (data_type, swizzle) == (tma._FLOAT32, tma._SWIZZLE_NONE)  # 256-byte box rows: no 128-byte swizzle
+    with pytest.raises(tma.TmaUnsupported, match=r"got torch.float32 shape \(2, 3, 256, 4\) strides \(3072, 1024, 1, 256\)"):
+        tma.stats_descriptor(stats.transpose(2, 3), 64)
+    with pytest.raises(tma.TmaUnsupported, match="got torch.float16"):
+        tma.stats_descriptor(stats.half(), 64)
+
+
+def test_the_wgmma_backward_gets_its_load_maps_and_only_d64_d128_the_dq_map(monkeypatch):
     from hf_flashpatch.errors import KernelUnsupported
     from hf_flashpatch.kernels import backward
 
     encoded = []
-    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: encoded.append(t) or b"\5" * 128)
-    dq_accum = torch.zeros(1, 2, 256, 128)
+    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: encoded.append(("dq", t)) or b"\5" * 128)
+    monkeypatch.setattr(backward.tma, "descriptor", lambda t, rows: encoded.append(("bf16", t, rows)) or b"\6" * 128)
+    monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: encoded.append(("stats", t, rows)) or b"\7" * 128)
+    dq_accum, stats = torch.zeros(1, 2, 256, 128), torch.zeros(2, 1, 2, 256)
+    q = dout = torch.zeros(1, 100, 2, 128, dtype=torch.bfloat16)
     d128 = backward.BackwardConfig.choose(128, torch.bfloat16, False, "sm_90a")
-    assert backward._dq_map(d128, dq_accum) == b"\5" * 128 and encoded == [dq_accum]
-    mla = backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_90a", head_dim_v=128)  # reduces from registers
-    ampere = backward.BackwardConfig.choose(128, torch.bfloat16, False, "sm_80")  # the mma.sync bodies
-    assert backward._dq_map(mla, dq_accum) == backward._dq_map(ampere, dq_accum) == tma.NO_DESCRIPTOR
-    assert backward._dq_map(d128, torch.zeros(0, 2, 256, 128)) == tma.NO_DESCRIPTOR and len(encoded) == 1
+    assert backward._tensor_maps(d128, dq_accum, q, dout, stats) == (b"\5" * 128, b"\6" * 128, b"\6" * 128, b"\7" * 128)
+    assert [e[0] for e in encoded] == ["dq", "bf16", "bf16", "stats"] and encoded[-1][2] == d128.wgmma_block_m == 64
+    mla = backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_90a", head_dim_v=128)  # dQ from registers
+    assert backward._tensor_maps(mla, dq_accum, q, dout, stats)[0] == tma.NO_DESCRIPTOR
+    ampere = backward.BackwardConfig.choose(128, torch.bfloat16, False, "sm_80")  # the mma.sync bodies read none
+    encoded.clear()
+    assert backward._tensor_maps(ampere, dq_accum, q, dout, stats) == (tma.NO_DESCRIPTOR,) * 4
+    empty = torch.zeros(1, 0, 2, 128, dtype=torch.bfloat16)  # no query rows: no step, no map (the driver refuses 0)
+    assert backward._tensor_maps(d128, dq_accum, empty, empty, stats) == (tma.NO_DESCRIPTOR,) * 4 and not encoded
 
-    def refuse(t):
+    def refuse(t, rows):
         raise tma.TmaUnsupported("refused here")
 
-    monkeypatch.setattr(backward.tma, "reduce_descriptor", refuse)
-    with pytest.raises(KernelUnsupported, match="dQ workspace for the TMA: refused here"):
-        backward._dq_map(d128, dq_accum)
+    monkeypatch.setattr(backward.tma, "descriptor", refuse)
+    with pytest.raises(KernelUnsupported, match="map its tensors for the TMA: refused here"):
+        backward._tensor_maps(d128, dq_accum, q, dout, stats)
 
 
-def test_the_backward_takes_the_dq_map_before_its_flat_list():
+def test_the_backward_takes_its_maps_before_its_flat_list():
     signature = kernel_signature("bwd.cu", "bwd_dkdv_dq_atomic")
-    assert signature.names[:2] == ("dq_map", "q") and signature.letters[:2] == "TP"
-    packed = struct.pack("@" + signature.format, b"\3" * 128, *[0] * (len(signature.letters) - 1))
-    assert packed[:128] == b"\3" * 128 and len(packed) == 128 + struct.calcsize("@" + signature.format[4:])
+    assert signature.names[:5] == ("dq_map", "q_map", "do_map", "stats_map", "q") and signature.letters[:5] == "TTTTP"
+    maps = [bytes([i]) * 128 for i in range(1, 5)]
+    packed = struct.pack("@" + signature.format, *maps, *[0] * (len(signature.letters) - 4))
+    assert packed[:512] == b"".join(maps) and len(packed) == 512 + struct.calcsize("@" + signature.format[16:])
 
 
 def test_the_forward_parameter_struct_packs_the_descriptors_first():

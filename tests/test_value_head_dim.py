@@ -288,7 +288,9 @@ def test_backward_launch_at_a_native_pair(monkeypatch):
     monkeypatch.setattr(backward, "get_kernel", lambda build, entry, device: built.append(build)
                         or RecordingKernel(entry, launched))  # fmt: skip
     monkeypatch.setattr(backward, "sm_count", lambda device: 132)
-    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # dQ's map (no driver here)
+    monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # the TMA maps (no driver here)
+    monkeypatch.setattr(backward.tma, "descriptor", lambda t, rows: bytes(128))
+    monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: bytes(128))
     q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=300, dims=(192, 128)))  # (2, S, 4 | 2, D | D_v)
     out, dout = (torch.zeros(*q.shape[:-1], 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.zeros(2, 4, 70)
@@ -301,7 +303,7 @@ def test_backward_launch_at_a_native_pair(monkeypatch):
         "192", "128", "1", "0")
     (_entry, grid, args) = launched[1]
     assert sorted(grid) == [2, 2, math.ceil(300 / 128)]  # (kv heads, key blocks, batch) in either order
-    dq_accum = args[7]  # after dQ's tensor map and q, k, v, dout, lse2, D
+    dq_accum = args[10]  # after the four tensor maps and q, k, v, dout, lse2, D
     assert dq_accum.shape[-1] == 192 and dq_accum.dtype == torch.float32
     with pytest.raises(KernelUnsupported, match="does not take"):  # v padded to 192 is not this build's v
         backward._kernel_backward(cfg, dout, q, k, torch.zeros_like(k), out, lse, None, None, None, 70, 300, 0.1, -1, 0,

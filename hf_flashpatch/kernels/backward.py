@@ -222,10 +222,11 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     build = cfg.build()
     entries = ("bwd_dkdv", "bwd_dq") if deterministic else ("bwd_dkdv_dq_atomic", "bwd_convert_dq")
     pre, dkdv, last = (get_kernel(build, entry, device) for entry in ("bwd_preprocess", *entries))
-    lse2 = torch.empty(batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # lse * log2(e)
-    dvec = torch.empty_like(lse2)  # rowsum(dO * O) - dLSE
-    pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, *strides(out),
-        *strides(dout), heads, rows_valid, rows_pad, tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()))  # fmt: skip
+    stats = torch.empty(2, batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # one map covers both
+    lse2, dvec = stats[0], stats[1]  # lse * log2(e); rowsum(dO * O) - dLSE
+    pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, cu_q if varlen else None,
+        batch, *strides(out), *strides(dout), heads, rows_valid, rows_pad,
+        tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()) + ((cu_q,) if varlen else ()))  # fmt: skip
 
     # varlen: tokens past cu_seqlens[-1] belong to no sequence; the kernels skip them, so start from 0
     alloc = torch.zeros if varlen else torch.empty
@@ -250,8 +251,8 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
              shared_bytes=last.shared_bytes, tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
         dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
-        dq_map = _dq_map(cfg, dq_accum)
-        dkdv(grid_kv, (cfg.threads, 1, 1), dq_map, *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
+        maps = _tensor_maps(cfg, dq_accum, q, dout, stats)
+        dkdv(grid_kv, (cfg.threads, 1, 1), *maps, *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
              heavy_first, shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
         blocks = (rows_valid * head_dim // 8 + 255) // 256
         if blocks > 0:  # bwd_convert_dq: scale and cast the fp32 dQ workspace
@@ -260,16 +261,21 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     return dq, dk, dv
 
 
-def _dq_map(cfg: BackwardConfig, dq_accum: torch.Tensor) -> bytes:
-    """The tensor map of the dQ workspace for the builds that add dQ to it with the TMA: the wgmma body with one
-    head dim (d64, d128; ``cuda/bwd_hopper.cuh``, ``kHDqTma``). The others do not read the parameter. A map the
-    driver refuses raises KernelUnsupported: the torch backward serves the call."""
-    if cfg.body != "wgmma" or cfg.head_dim_v is not None or dq_accum.numel() == 0:
-        return tma.NO_DESCRIPTOR
+def _tensor_maps(cfg: BackwardConfig, dq_accum: torch.Tensor, q: torch.Tensor, dout: torch.Tensor,
+                 stats: torch.Tensor) -> tuple[bytes, bytes, bytes, bytes]:  # fmt: skip
+    """``(dq_map, q_map, do_map, stats_map)``, the TMA maps of the wgmma body (``cuda/bwd_hopper.cuh``): its loads of
+    q, dout and the ``(2, B, H, rows_pad)`` lse2 / D workspace in boxes of a step's ``wgmma_block_m`` rows, and, with
+    one head dim (d64, d128; ``kHDqTma``), its reduce-add of dQ into ``dq_accum``. The other bodies, and a call with
+    no query rows (no step loads anything), get empty maps. A map the driver refuses raises KernelUnsupported: the
+    torch backward serves the call."""
+    if cfg.body != "wgmma" or q.numel() == 0:
+        return (tma.NO_DESCRIPTOR,) * 4
+    rows = cfg.wgmma_block_m
     try:
-        return tma.reduce_descriptor(dq_accum)
+        dq_map = tma.reduce_descriptor(dq_accum) if cfg.head_dim_v is None else tma.NO_DESCRIPTOR
+        return dq_map, tma.descriptor(q, rows), tma.descriptor(dout, rows), tma.stats_descriptor(stats, rows)
     except tma.TmaUnsupported as exc:
-        raise KernelUnsupported(f"the Hopper backward cannot map its dQ workspace for the TMA: {exc}") from exc
+        raise KernelUnsupported(f"the Hopper backward cannot map its tensors for the TMA: {exc}") from exc
 
 
 # ------------------------------------------------------------------------------------ custom op

@@ -1,7 +1,7 @@
 """Tensor maps for the TMA (``cuda/tma.cuh``): encoded on the host by the CUDA driver, passed by value
 inside a kernel's parameter struct (letter ``T`` in :mod:`~hf_flashpatch.kernels.sources`).
 
-Layout: a K or V tensor ``(B, S, H, D)``, or varlen ``(T, H, D)`` (a batch of one), whose last dim is
+Layout: a Q, K, V or dO tensor ``(B, S, H, D)``, or varlen ``(T, H, D)`` (a batch of one), whose last dim is
 contiguous. Its map is rank 4 over (columns, heads, rows, batch), the order of the kernel's box coordinates,
 and a box is ``BOX_COLUMNS`` columns (128 bytes) x 1 head x ``box_rows`` rows x 1 batch with the 128-byte
 swizzle: one SW128 sub-tile of the Hopper kernels. Rows past ``S`` (or ``T``) come back as zeros.
@@ -10,7 +10,8 @@ Encoding calls ``cuTensorMapEncodeTiled`` in ``libcuda`` (no context needed) and
 microseconds; maps are memoised by (address, dtype, shape, strides, box), so a training loop that reuses
 its buffers encodes once. The driver refuses some layouts (a stride that is not a multiple of 16 bytes, a
 broadcast stride of 0): :func:`descriptor` raises :class:`TmaUnsupported` naming what it got, and the
-forward then reads contiguous copies (``kernels/forward.py``).
+forward then reads contiguous copies (``kernels/forward.py``). The backward also maps its fp32 workspaces: its row
+statistics (:func:`stats_descriptor`) and its dQ accumulator (:func:`reduce_descriptor`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ BOX_COLUMNS = 64  # 128 bytes of 16-bit elements: the 128-byte swizzle's row
 # CUtensorMapDataType, CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill
 _DATA_TYPES = {torch.float16: 6, torch.bfloat16: 9}
 _FLOAT32 = 7
-_INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 3, 3, 0
+_INTERLEAVE_NONE, _SWIZZLE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS = 0, 0, 3, 3, 0
 _CACHE_LIMIT = 4096
 
 
@@ -89,9 +90,28 @@ def reduce_descriptor(dq_accum: torch.Tensor) -> bytes:
     return _encoded(dq_accum, _FLOAT32, (columns, rows, heads, batch), strides, (*REDUCE_BOX, 1, 1))
 
 
-def _encoded(t: torch.Tensor, data_type: int, dims, strides, box) -> bytes:
-    """The rank-4 map of ``t`` (memoised by address, type, dims, strides and box)."""
-    key = (t.data_ptr(), data_type, tuple(dims), tuple(strides), tuple(box))
+STATS_ALIGN_ROWS = 4  # a copy starts 16-byte aligned in its innermost dim: 4 fp32 rows
+
+
+def stats_descriptor(stats: torch.Tensor, step_rows: int) -> bytes:
+    """The tensor map of the backward's row statistics ``(2, batch, heads, rows)``, fp32 and contiguous (lse2,
+    then D), for the rows of a step of ``step_rows`` in one box of both (rank 4: rows, heads, batch, the two; no
+    swizzle). The rows are the innermost dim, where a copy must start 16-byte aligned: a box starts at the step's
+    first row rounded down to a multiple of ``STATS_ALIGN_ROWS`` and has that many rows more
+    (``cuda/bwd_hopper.cuh``, ``kHStatsRows``); it lands as those rows' lse2 followed by their D."""
+    two, batch, heads, rows = stats.shape
+    if two != 2 or stats.dtype != torch.float32 or not stats.is_contiguous() or stats.data_ptr() % 16:
+        raise TmaUnsupported(f"the row statistics map takes a contiguous, 16-byte aligned (2, batch, heads, rows) "
+                             f"float32 tensor, got {stats.dtype} shape {tuple(stats.shape)} strides "
+                             f"{stats.stride()}")  # fmt: skip
+    strides = (rows * 4, heads * rows * 4, batch * heads * rows * 4)
+    box = (step_rows + STATS_ALIGN_ROWS, 1, 1, 2)
+    return _encoded(stats, _FLOAT32, (rows, heads, batch, 2), strides, box, _SWIZZLE_NONE)
+
+
+def _encoded(t: torch.Tensor, data_type: int, dims, strides, box, swizzle: int = _SWIZZLE_128B) -> bytes:
+    """The rank-4 map of ``t`` (memoised by address, type, dims, strides, box and swizzle)."""
+    key = (t.data_ptr(), data_type, tuple(dims), tuple(strides), tuple(box), swizzle)
     found = _maps.get(key)
     if found is not None:
         return found
@@ -103,7 +123,7 @@ def _encoded(t: torch.Tensor, data_type: int, dims, strides, box) -> bytes:
     code = _encode_tiled()(
         address, data_type, 4, t.data_ptr(), (ctypes.c_uint64 * 4)(*dims),
         (ctypes.c_uint64 * 3)(*strides), (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1),
-        _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_ZEROS,
+        _INTERLEAVE_NONE, swizzle, _L2_PROMOTION_256B, _OOB_FILL_ZEROS,
     )  # fmt: skip
     if code != 0:
         raise TmaUnsupported(f"cuTensorMapEncodeTiled refused shape {tuple(t.shape)} strides {t.stride()} "

@@ -218,19 +218,20 @@ def test_backward_strided_inputs():
     _assert_grads(grads, ref, _lowp_grads(q, k, v, dout, causal=True))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("heads", ["gqa", "mqa"])
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
-def test_backward_varlen(heads, deterministic, causal, variant):
+def test_backward_varlen(heads, deterministic, causal, head_dim, variant):
     if variant != "shipped" and deterministic:
         pytest.skip("deterministic=True takes the default body whatever the heuristics say")
-    _skip_unless_served(variant, 128)
+    _skip_unless_served(variant, head_dim)
     h, hk = HEADS[heads]
     lens_q, lens_k = [1, 113, 0, 239, 1023, 64], [1, 203, 7, 239, 1024, 1]
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
     tq, tk = int(cu_q[-1]), int(cu_k[-1])
-    dtype, d = torch.bfloat16, 128
+    dtype, d = torch.bfloat16, head_dim
     _assert_variant_used(variant, d, dtype)
     q = torch.randn(tq, h, d, device="cuda", dtype=dtype)
     k, v = (torch.randn(tk, hk, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -250,6 +251,30 @@ def test_backward_varlen(heads, deterministic, causal, variant):
         g = _lowp_grads(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1], causal=causal)
         lowp[0][q0:q1], lowp[1][k0:k1], lowp[2][k0:k1] = g[0][0], g[1][0], g[2][0]
     _assert_grads(grads, ref, lowp)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_varlen_ignores_tokens_past_the_last_sequence(head_dim, deterministic):
+    """Tokens past cu_seqlens[-1] belong to no sequence: NaN in their q, out, dout and lse changes no gradient (the
+    Hopper body's loads read them as the rows past the last sequence's end, and zero them), and their dq is 0."""
+    torch.manual_seed(head_dim)
+    cu = torch.tensor([0, 113, 413], device="cuda", dtype=torch.int32)
+    tokens, extra, dtype = 413, 37, torch.bfloat16
+    q = torch.randn(tokens + extra, 4, head_dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(tokens, 2, head_dim, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse = varlen_attention_reference(q[:tokens].float(), k.float(), v.float(), cu, cu, causal=True)  # lse (H, T)
+    out = torch.cat([out.to(dtype), torch.full((extra, 4, head_dim), float("nan"), device="cuda", dtype=dtype)])
+    lse = torch.cat([lse, torch.full((4, extra), float("nan"), device="cuda")], dim=1)
+    q[tokens:], dout[tokens:] = float("nan"), float("nan")
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=300, max_seqlen_k=300, causal=True,
+              deterministic=deterministic)  # fmt: skip
+    clean = bwd.attention_backward(dout[:tokens], q[:tokens], k, v, out[:tokens], lse[:, :tokens].contiguous(), **kw)
+    dirty = bwd.attention_backward(dout, q, k, v, out, lse, **kw)
+    assert torch.equal(dirty[1], clean[1]) and torch.equal(dirty[2], clean[2])  # dk, dv: same steps, same zeros
+    assert torch.allclose(dirty[0][:tokens].float(), clean[0].float(), atol=1e-2, rtol=1e-2)  # dq (added in any order)
+    assert torch.equal(dirty[0][tokens:], torch.zeros_like(dirty[0][tokens:]))
 
 
 @pytest.mark.parametrize("heavy_first_max_waves", [0, 10**9], ids=["head_by_head", "heaviest_first"])
