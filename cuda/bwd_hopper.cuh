@@ -15,7 +15,7 @@
 //                     is issued before dS^T is formed
 //   dV  += P^T dO     wgmma 64 x D, P^T from registers (the accumulator layout is the A layout),
 //   dK  += dS^T Q     dO and Q read MN-major (the head dim, the output index, along their rows)
-//   dS^T -> shared memory (both warpgroups' 64-key halves form the 128 x 64 tile)
+//   dS^T -> shared memory by stmatrix (both warpgroups' 64-key halves form the 128 x 64 tile)
 //   dQ   = dS K       wgmma with A = dS^T's tile read MN-major (transposed by the tensor core) and B = K
 //                     MN-major: d128 splits dQ's columns, 64 per warpgroup; d64 (64 columns, one
 //                     wgmma n64) splits its 128 query rows; 192/128 splits the columns 128 / 64, the
@@ -188,15 +188,17 @@ __device__ __forceinline__ void h_issue_dq(float (&dq)[32], sm90::SteppedDescrip
                                           k_cols.plus(kk * 16 * kHRowBytes).value(), kk > 0);
 }
 
-// Accumulator (64 keys x kHSubM queries per warpgroup, fp32) -> A fragments of the next product (b16 pairs).
+// Accumulator (64 keys x kHSubM queries per warpgroup, fp32) -> A fragments of the next product (b16 pairs), one
+// k-step (16 queries) or all.
+__device__ __forceinline__ void h_pack_step(uint32_t (&a)[4], const float (&acc)[kHSubM / 2], int kk) {
+  a[0] = Traits::pack2(acc[8 * kk + 0], acc[8 * kk + 1]);
+  a[1] = Traits::pack2(acc[8 * kk + 2], acc[8 * kk + 3]);
+  a[2] = Traits::pack2(acc[8 * kk + 4], acc[8 * kk + 5]);
+  a[3] = Traits::pack2(acc[8 * kk + 6], acc[8 * kk + 7]);
+}
 __device__ __forceinline__ void h_pack(uint32_t (&a)[kHSubM / 16][4], const float (&acc)[kHSubM / 2]) {
 #pragma unroll
-  for (int kk = 0; kk < kHSubM / 16; ++kk) {
-    a[kk][0] = Traits::pack2(acc[8 * kk + 0], acc[8 * kk + 1]);
-    a[kk][1] = Traits::pack2(acc[8 * kk + 2], acc[8 * kk + 3]);
-    a[kk][2] = Traits::pack2(acc[8 * kk + 4], acc[8 * kk + 5]);
-    a[kk][3] = Traits::pack2(acc[8 * kk + 6], acc[8 * kk + 7]);
-  }
+  for (int kk = 0; kk < kHSubM / 16; ++kk) h_pack_step(a[kk], acc, kk);
 }
 
 // The maps (kernels/backward.py, _tensor_maps): q_map / do_map over q / dout (a box per 64 columns of a step's
@@ -274,6 +276,13 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
 #pragma unroll
   for (int i = 0; i < kD / 2; ++i) dk_acc[i] = 0.f;
   const int key_w = wg * 64 + (warp & 3) * 16 + g;  // this thread's first key row within the tile (+8: second)
+  // dS^T's stores by stmatrix_x4, one per 16 queries: matrices (chunk 2 p, keys 0-7 of the warp's 16), (2 p, 8-15),
+  // (2 p + 1, 0-7), (2 p + 1, 8-15) of a 64-query sub-tile, the packed fragments ds_frag[p] as they are. Lane l
+  // addresses key row r = l % 8 + 8 ((l / 8) % 2) of the warp's 16, chunk 2 p + l / 16: in SW128 the chunk lands at
+  // (2 p + l / 16) ^ (r % 8) = (2 p) ^ ((l / 16 ^ r) % 8) with the bit of l / 16 apart from p's, so the address of
+  // pair p is this lane's address for p = 0 xor p * 32.
+  const int ds_key = wg * 64 + (warp & 3) * 16 + (lane & 7) + 8 * ((lane >> 3) & 1);
+  const uint32_t ds_lane = ds_key * kHRowBytes + ((((lane >> 4) ^ ds_key) & 7) << 4);
   // Operand descriptors step from one: the aligned base with leading offset 0 (hopper.cuh, tile()).
   const SteppedDescriptor smem_desc = SteppedDescriptor::at(base, 0, kSwizzleAtomBytes);
   const uint32_t wg_rows = uniform_warpgroup(tid) * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
@@ -352,15 +361,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
       wgmma_commit();
       // One dS^T buffer: both warpgroups' dQ of the previous step has read it (retired) before it is written.
       if (kHDsBuffers == 1 && sub == 0) __syncthreads();
-      // dS^T (fp32 pairs) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per
-      // sub-tile; queries j * 8.. of the sub-step lie in sub-tile (q0 + 8 j) / 64).
-      auto store_ds = [&](int j) {
-        const int chunk = q0 / 8 + j;  // 8-query chunk within the step
-        unsigned char* sub_tile = smem_raw + (ds_cur - raw) + (chunk / 8) * kHDsSubBytes + 4 * t4;
-        *reinterpret_cast<uint32_t*>(sub_tile + sw128_offset(key_w, chunk % 8)) =
-            Traits::pack2(dp[4 * j + 0], dp[4 * j + 1]);
-        *reinterpret_cast<uint32_t*>(sub_tile + sw128_offset(key_w + 8, chunk % 8)) =
-            Traits::pack2(dp[4 * j + 2], dp[4 * j + 3]);
+      // dS^T (packed) -> the shared tile dQ reads (SW128, key rows, 64 queries = one 128-byte row per sub-tile;
+      // the sub-step's queries 16 p .. lie in sub-tile (q0 + 16 p) / 64, pair ((q0 + 16 p) % 64) / 16 there).
+      auto store_ds = [&](int p) {
+        const int pair = q0 / 16 + p;  // 16-query pair of chunks within the step
+        stmatrix_x4((ds_cur + (pair / 4) * kHDsSubBytes + ds_lane) ^ ((pair % 4) << 5), ds_frag[p]);
       };
 
       fence_operands(dv_acc);
@@ -391,9 +396,10 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
 #pragma unroll
           for (int r = 0; r < 4; ++r)
             dp[4 * j + r] = s[4 * j + r] * (dp[4 * j + r] - dvs[q0 + j * 8 + 2 * t4 + (r & 1)]);
-          store_ds(j);
         }
         h_pack(ds_frag, dp);
+#pragma unroll
+        for (int p = 0; p < kHSubM / 16; ++p) store_ds(p);
         wgmma_fence();
         h_issue_rs<kD>(dk_acc, ds_frag, q_mnmajor.plus(q0 * kHRowBytes));
         wgmma_commit();
@@ -414,10 +420,12 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
             s[4 * j + r] = x;
             dp[4 * j + r] = x * (dp[4 * j + r] - dvs[col]) * dt;
           }
-          store_ds(j);
+          if (j % 2 == 1) {  // a 16-query pair done: its dS^T fragment packed and stored (fewer live fp32 values)
+            h_pack_step(ds_frag[j / 2], dp, j / 2);
+            store_ds(j / 2);
+          }
         }
         h_pack(p_frag, s);
-        h_pack(ds_frag, dp);
         wgmma_fence();
         h_issue_rs<kDv>(dv_acc, p_frag, do_mnmajor.plus(q0 * kHRowBytes));
         h_issue_rs<kD>(dk_acc, ds_frag, q_mnmajor.plus(q0 * kHRowBytes));
@@ -468,17 +476,27 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
       fence_step_operands();
       fence_operands(dq);
       if constexpr (kHDqTma) {
-        // rows q_row, q_row + 8 (past the sequence: zeros, the box adds them to rows that exist); column 8 j + 2 t4
-        // lies in box j / 4, 16-byte chunk 2 (j % 4) + t4 / 2, swizzled by the row (q_row + 8 has q_row's)
-        const bool row_in = m0 + q_row < sq.y, row8_in = m0 + q_row + 8 < sq.y;
+        // rows q_row, q_row + 8 (past the sequence: zeros, the box adds them to rows that exist; only a step at the
+        // sequence's end, a uniform branch, has such rows); column 8 j + 2 t4 lies in box j / 4, 16-byte chunk
+        // 2 (j % 4) + t4 / 2, swizzled by the row (q_row + 8 has q_row's)
+        if (m0 + kHBlockM > sq.y) {
+          const bool row_in = m0 + q_row < sq.y, row8_in = m0 + q_row + 8 < sq.y;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            dq[4 * j] = row_in ? dq[4 * j] : 0.f;
+            dq[4 * j + 1] = row_in ? dq[4 * j + 1] : 0.f;
+            dq[4 * j + 2] = row8_in ? dq[4 * j + 2] : 0.f;
+            dq[4 * j + 3] = row8_in ? dq[4 * j + 3] : 0.f;
+          }
+        }
         const uint32_t boxes = dq_t + wg * (2 * kHDqBoxBytes);
         const int box_row = (warp & 3) * 16 + g;  // q_row within this warpgroup's 64 rows
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const uint32_t at = boxes + (j / 4) * kHDqBoxBytes + box_row * 128 +
                               (((2 * (j % 4) + (t4 >> 1)) ^ (box_row & 7)) * 16) + 8 * (t4 & 1);
-          st_shared_f32x2(at, row_in ? dq[4 * j] : 0.f, row_in ? dq[4 * j + 1] : 0.f);
-          st_shared_f32x2(at + 8 * 128, row8_in ? dq[4 * j + 2] : 0.f, row8_in ? dq[4 * j + 3] : 0.f);
+          st_shared_f32x2(at, dq[4 * j], dq[4 * j + 1]);
+          st_shared_f32x2(at + 8 * 128, dq[4 * j + 2], dq[4 * j + 3]);
         }
         fence_proxy_async_shared();
         named_barrier_sync(1 + wg, 128);  // this warpgroup's two boxes written

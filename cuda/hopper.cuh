@@ -115,6 +115,15 @@ __device__ __forceinline__ void registers_increase() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
+// Four 8 x 8 b16 matrices from registers to shared memory (the inverse of ldmatrix_x4): thread t holds row t / 4,
+// columns 2 (t % 4) .. + 1 of matrix i in r[i] (the mma accumulator's fragment, packed), and lanes 8 i .. 8 i + 7
+// give the addresses of matrix i's rows (16 bytes each).
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // A barrier among `threads` threads (a multiple of 32) on hardware barrier `id` (1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
