@@ -79,6 +79,9 @@ def _cases(torch, hfp):
     for d, causal in [(128, False), (128, True), (64, True)]:
         q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
         cases[f"bwd d{d} 4x4k {'causal' if causal else 'full'}"] = (backward_case(q, k, v, causal), "graph")
+    for d, heads in [(128, 16), (64, 32)]:  # bench_backward's 2k rows: 8 sequences, short blocks (one wave = 132)
+        q, k, v = rand(8, 2048, heads, d), rand(8, 2048, heads, d), rand(8, 2048, heads, d)
+        cases[f"bwd d{d} 8x2k full"] = (backward_case(q, k, v, False), "graph")
     q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
     cases["bwd d192/128 4x4k causal"] = (backward_case(q, k, v, True), "graph")
     for length in (4096, 16384):  # the fine-tune shape: one sequence, 32 / 8 heads (few blocks: 8 x length / 128)
