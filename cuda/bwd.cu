@@ -37,13 +37,20 @@ using namespace hfp::bwd;
 // out/dout rows of kDv; lse: (batch_ws, heads, rows_valid) fp32 contiguous; dlse same or null. Workspaces
 // (batch_ws, heads, rows_pad). Varlen (cu_q, num_seqs): tokens past cu_q[num_seqs] belong to no sequence and
 // get the padded rows' values whatever their out / dout / lse hold (NaN too), as rows the bodies mask.
+// dq_accum (batch_ws, heads, rows_pad, kD) fp32 or null: the block also zeroes its 32 rows of it, which the dK/dV
+// kernel then adds dQ into (one pass over memory where a separate memset took its own).
 extern "C" __global__ void __launch_bounds__(128) bwd_preprocess(
     const T* __restrict__ out, const T* __restrict__ dout, const float* __restrict__ lse,
     const float* __restrict__ dlse, float* __restrict__ lse2_ws, float* __restrict__ dvec_ws,
-    const int* __restrict__ cu_q, int num_seqs, int64_t o_sb, int64_t o_ss, int64_t o_sh, int64_t do_sb,
-    int64_t do_ss, int64_t do_sh, int heads, int rows_valid, int rows_pad) {
+    float* __restrict__ dq_accum, const int* __restrict__ cu_q, int num_seqs, int64_t o_sb, int64_t o_ss,
+    int64_t o_sh, int64_t do_sb, int64_t do_ss, int64_t do_sh, int heads, int rows_valid, int rows_pad) {
   const int row = blockIdx.x * 32 + threadIdx.x / 4, part = threadIdx.x % 4;
   const int h = blockIdx.y, bw = blockIdx.z;
+  if (dq_accum != nullptr) {  // the block's 32 rows x kD floats, 16 bytes per thread per pass, coalesced
+    float4* rows = reinterpret_cast<float4*>(dq_accum + ((int64_t(bw) * heads + h) * rows_pad + blockIdx.x * 32) * kD);
+#pragma unroll
+    for (int i = threadIdx.x; i < 32 * kD / 4; i += 128) rows[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   float acc = 0.f;
   const bool valid = row < (cu_q == nullptr ? rows_valid : min(rows_valid, cu_q[num_seqs]));
   if (valid) {

@@ -142,6 +142,27 @@ def test_backward_scalars(recorder, scale, softcap, deterministic):
         assert bits(scalars[5:9]) == bits(old_backward(scale, softcap))
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_preprocess_gets_the_dq_workspace(recorder, deterministic):
+    """bwd_preprocess zeroes the fp32 dQ workspace (no separate memset): it is handed the very tensor the dK/dV
+    kernel adds dQ into and bwd_convert_dq reads, a (batch, heads, rows_pad, head_dim) fp32 tensor; the
+    deterministic pair has no workspace and the preprocess gets none."""
+    q, k, v = _qkv()
+    out, dout, lse = torch.zeros_like(q), torch.zeros_like(q), torch.zeros(1, 2, 4)
+    cfg = backward.BackwardConfig.choose(HEAD_DIM, q.dtype, False, "sm_90a", deterministic)
+    backward._kernel_backward(cfg, dout, q, k, v, out, lse, None, None, None, 4, 4, 0.125, -1, -1, 0.0,
+                              deterministic)  # fmt: skip
+    calls = dict(recorder.calls)
+    workspace = calls["bwd_preprocess"][6]  # after out, dout, lse, dlse, lse2, D
+    if deterministic:
+        assert workspace is None
+        return
+    assert workspace.dtype == torch.float32 and workspace.shape[0] == q.shape[0] and workspace.shape[1] == q.shape[2]
+    assert workspace.shape[3] == HEAD_DIM and workspace.shape[2] >= q.shape[1] and workspace.shape[2] % 32 == 0
+    assert calls["bwd_dkdv_dq_atomic"][4 + 6] is workspace  # after the four maps: q, k, v, dout, lse2, D
+    assert calls["bwd_convert_dq"][0] is workspace
+
+
 @pytest.mark.parametrize("causal, varlen, ctas, section", [(False, False, 132, 0), (True, False, 132, 16),
                                                            (False, True, 176, 0), (True, True, 176, 0)])  # fmt: skip
 def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):

@@ -224,9 +224,13 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     pre, dkdv, last = (get_kernel(build, entry, device) for entry in ("bwd_preprocess", *entries))
     stats = torch.empty(2, batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # one map covers both
     lse2, dvec = stats[0], stats[1]  # lse * log2(e); rowsum(dO * O) - dLSE
-    pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, cu_q if varlen else None,
-        batch, *strides(out), *strides(dout), heads, rows_valid, rows_pad,
-        tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()) + ((cu_q,) if varlen else ()))  # fmt: skip
+    # the fp32 dQ workspace the dK/dV kernel adds into; bwd_preprocess zeroes it (the deterministic pair has none)
+    dq_accum = None if deterministic else torch.empty(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32,
+                                                      device=device)  # fmt: skip
+    pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, dq_accum,
+        cu_q if varlen else None, batch, *strides(out), *strides(dout), heads, rows_valid, rows_pad,
+        tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()) + ((cu_q,) if varlen else ())
+        + ((dq_accum,) if dq_accum is not None else ()))  # fmt: skip
 
     # varlen: tokens past cu_seqlens[-1] belong to no sequence; the kernels skip them, so start from 0
     alloc = torch.zeros if varlen else torch.empty
@@ -250,7 +254,6 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
         last(grid_q, (cfg.dq_warps * 32, 1, 1), *inputs, dq, *cu, *all_strides, *scalars,
              shared_bytes=last.shared_bytes, tensors=inputs + (dq,) + cu_tensors)  # fmt: skip
     else:
-        dq_accum = torch.zeros(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32, device=device)
         maps = _tensor_maps(cfg, dq_accum, q, dout, stats)
         dkdv(grid_kv, (cfg.threads, 1, 1), *maps, *inputs, dq_accum, dk, dv, *cu, *all_strides, *scalars,
              heavy_first, shared_bytes=dkdv.shared_bytes, tensors=inputs + (dq_accum, dk, dv) + cu_tensors)  # fmt: skip
