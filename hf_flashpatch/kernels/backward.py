@@ -12,7 +12,8 @@ Returns dq in q's shape and dtype, dk/dv in k/v's (contiguous). Query head ``h``
 
 Launch sequence (one stream):
 
-1. ``bwd_preprocess``: ``D = rowsum(dO * O) - dLSE`` and ``lse * log2(e)`` into padded workspaces.
+1. ``bwd_preprocess``: ``D = rowsum(dO * O) - dLSE`` and ``lse * log2(e)`` into padded workspaces; with
+   ``deterministic=False`` it also zeroes the fp32 dQ workspace (no separate memset).
 2. ``deterministic=False``: ``bwd_dkdv_dq_atomic`` (dK, dV in registers per K/V tile; dQ added to an
    fp32 workspace with atomics), then ``bwd_convert_dq`` (scale + cast). One pass over the 5 GEMMs.
    ``deterministic=True``: ``bwd_dkdv`` (no dQ) then ``bwd_dq`` (one block per query tile, dQ in
