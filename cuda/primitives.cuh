@@ -16,14 +16,6 @@ template <bool kBf16>
 struct ElemTraits {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   using T2 = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
-  static __device__ __forceinline__ float to_float(T x) {
-    if constexpr (kBf16) return __bfloat162float(x);
-    else return __half2float(x);
-  }
-  static __device__ __forceinline__ T from_float(float x) {
-    if constexpr (kBf16) return __float2bfloat16_rn(x);
-    else return __float2half_rn(x);
-  }
   static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     T2 v;
     if constexpr (kBf16) v = __floats2bfloat162_rn(lo, hi);
@@ -71,14 +63,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem) {
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem));
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1]) : "r"(smem));
-}
-__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1]) : "r"(smem));
 }
 
 // ---------------------------------------------------------------- tensor-core MMA
@@ -141,16 +125,6 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffff, x, 1);
   return x + __shfl_xor_sync(0xffffffff, x, 2);
-}
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffff, x, o);
-  return x;
 }
 
 // log2(e): kernels work in base 2 (exp2f is one MUFU op) with scores pre-scaled by scale*log2(e).
