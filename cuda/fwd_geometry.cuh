@@ -25,9 +25,10 @@ namespace fwd {
 // declaration (fields in launch order; one type per declaration, no nested pointers). The tensor maps come
 // first: their 64-byte alignment then costs no padding.
 struct FwdParams {
-  // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys), read by the warp-specialised
-  // Hopper body; zero bytes for the others.
-  TmaDescriptor k_tma, v_tma;
+  // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys) and Q's (boxes of 64 columns x
+  // q_box_heads heads x 64 / q_box_heads rows: 64 packed rows), read by the warp-specialised Hopper body; zero
+  // bytes for the others.
+  TmaDescriptor k_tma, v_tma, q_tma;
   const Elem* __restrict__ q;       // (B, S_q, H, D), varlen (T_q, H, D)
   const Elem* __restrict__ k;       // (B, S_k, H_kv, D), varlen (T_k, H_kv, D)
   const Elem* __restrict__ v;       // like k
@@ -47,6 +48,7 @@ struct FwdParams {
   int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
   int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
   int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
+  int q_box_heads;          // Hopper body: the group when it divides 64 (Q by q_tma); 0: the math warps copy Q
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -178,6 +180,17 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   tile.k_rows = p.k + batch * p.k_batch_stride + tile.span.k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
   tile.v_rows = p.v + batch * p.v_batch_stride + tile.span.k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
   return tile;
+}
+
+// The key tiles that the kRows packed rows of `tile` from `first_row` see: visible_key_tiles of those rows alone,
+// a sub-range of the tile's (a row's first and last visible key never decrease with its position). Every score
+// of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them
+// without changing a bit of its rows. Rows wholly past the sequence: no tile.
+template <bool kWindowed, int kRows, int kBlockN>
+__device__ __forceinline__ KeyTiles row_key_tiles(const QueryTile& tile, int first_row) {
+  if (first_row >= tile.packed_rows) return {0, 0, tile.keys.n_block_min, tile.keys.n_block_min, 0};
+  return visible_key_tiles<kWindowed, kRows, kBlockN>(first_row, tile.packed_rows, tile.group, tile.shifts,
+                                                      tile.span.seqlen_k);
 }
 
 // The output rows of the tile's pair, like QueryTile::q_rows.

@@ -143,18 +143,22 @@ struct MathRows {
 // and P(i) packed. Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1)
 // retires before S(i) is issued. `wait_tile(i)` waits until tile i is in its ring slot and returns the slot
 // (K at k_ring + slot * kKBytes, V at v_ring + slot * kVBytes); `release(i)` hands slot i back once both of
-// its products retired. row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
+// its products retired; `release_queries()` runs once every S = Q K^T retired (at once without key tiles).
+// row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
 // t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
 // compiler from touching registers a wgmma owns between its issue and its wait.
-template <bool kWindowed, typename WaitTile, typename Release>
+template <bool kWindowed, typename WaitTile, typename Release, typename ReleaseQueries>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                          int row, int t, hfp::sm90::SteppedDescriptor q_rows,
                                          hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
-                                         WaitTile wait_tile, Release release) {
+                                         WaitTile wait_tile, Release release, ReleaseQueries release_queries) {
   using namespace hfp::sm90;
   constexpr bool kOverlap = OVERLAP_SOFTMAX != 0;
   const int num_tiles = tile.keys.num_tiles, n_block_max = tile.keys.n_block_max;
-  if (num_tiles == 0) return;
+  if (num_tiles == 0) {
+    release_queries();
+    return;
+  }
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
   float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(rows.acc_o);
@@ -215,6 +219,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     pack_probabilities(probs, scores);
     previous = slot;
   }
+  release_queries();  // every S retired; the last P V reads V and registers only
   issue_pv_of(previous);
   retire_pv(num_tiles - 1);
 }

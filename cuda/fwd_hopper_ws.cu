@@ -7,14 +7,18 @@
 //
 // Each CTA walks work tiles (a query tile of one KV head and sequence; a pair's tiles consecutive, heaviest
 // first: persistent_work in fwd_geometry.cuh), persistent (one CTA per SM) where the tiles weigh the same.
-// Warpgroup 0 is the producer (24 registers per thread after setmaxnreg): one of its threads
-// streams every work's key tiles into a KV_STAGES-deep ring of 128-byte-swizzled tiles with the TMA
+// Warpgroup 0 is the producer (24 registers per thread after setmaxnreg, 32 beside three math warpgroups): one
+// of its threads streams every work's key tiles into a KV_STAGES-deep ring of 128-byte-swizzled tiles with the TMA
 // (tma.cuh): per tile it arrives on the slot's "full" mbarrier announcing the tile's bytes and issues one box
 // per 64 columns of K and of V, which complete that barrier's phase as they land. Before reusing a slot it
 // waits on the slot's "empty" mbarrier, which every math warp arrives on once its products have read the
 // tile; the ring runs on from one work to the next, so the next work's tiles land under this one's last
-// products and its output stores. Warpgroups 1..NUM_WG (240 registers each; 160 with three at d64) own 64
-// query rows each: per work they copy their Q rows (cp.async), run the key loop (key_loop in
+// products and its output stores. Where the launch passes q_box_heads (the shape's q_by_tma, a group that divides
+// 64), another producer thread loads each math warpgroup's 64 Q rows (one box per 64 columns) once every S = Q K^T
+// of the warpgroup's work before retired (its "Q empty" mbarrier), so the next work's Q lands under this one's
+// last P V and output stores. Warpgroups 1..NUM_WG (240 registers each; 160 with three at d64) own 64 query rows
+// each: per work they wait for their Q rows (or copy them with cp.async), compute the key tiles their own rows
+// see and hand the work's others back unread (row_key_tiles), run the key loop (key_loop in
 // fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax, O += P V, all on wgmma) and store their
 // output rows from registers. Without a block-wide barrier per tile the math warpgroups drift apart, so
 // one's softmax overlaps the other's products.
@@ -24,7 +28,8 @@
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
-// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), ELEM_BF16, HAS_MASK.
+// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
+// where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -38,8 +43,9 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // setmaxnreg moves registers within the pool the CTA was launched with: ptxas caps a 384-thread kernel
 // at 168 registers per thread (65536 / 384, rounded down to a multiple of 8), so the split must fit
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
-// Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 24 + 3 x 160.
-constexpr int kProducerRegisters = 24;
+// Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 32 + 3 x 160 (the
+// Q thread's masked walk spills at 24).
+constexpr int kProducerRegisters = NUM_WG == 3 ? 32 : 24;
 constexpr int kMathRegisters = NUM_WG == 3 ? 160 : 240;
 constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
@@ -49,12 +55,15 @@ constexpr int kMathBarrier = 1;   // named barrier among the math warpgroups (0 
 constexpr int kQRowsBarrier = 2;  // 2 + w: math warpgroup w's threads (its Q rows)
 static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgroups, or three at head dim 64");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
+constexpr bool kQByTma = Q_BY_TMA != 0;
+constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
 
 }  // namespace
 
-// The dynamic shared memory: the tiles, then the full and empty mbarrier of every stage (read by the launch
-// from the compiled module: Kernel.shared_bytes).
-extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedTilesBytes + 2 * 8 * KV_STAGES;
+// The dynamic shared memory: the tiles, then the full and empty mbarrier of every stage and of every math
+// warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
+extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
+    kSharedTilesBytes + 2 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
 // sectioned order deals masked tiles out evenly, else one per tile); CTA b takes work tile b of every round of
@@ -62,12 +71,17 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kShared
 // same ones and skips the same empty ones. The
 // K/V ring runs on across work tiles: a work's key tile i is the ring's tile `ring + i`, in slot
 // (ring + i) % KV_STAGES, pass (ring + i) / KV_STAGES, so the next work's first tiles land while the math
-// warps finish this one. Each math warpgroup copies its own 64 Q rows (no other warpgroup reads them).
+// warps finish this one. A math warpgroup's 64 Q rows are its own (no other warpgroup reads them): the
+// producer's second thread loads them by the TMA (Q_BY_TMA builds, groups that divide 64), or the warpgroup
+// copies them.
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
   const uint32_t full_bars = smem.end;                    // (KV_STAGES,) mbarriers, 8 bytes each
   const uint32_t empty_bars = full_bars + KV_STAGES * 8;  // (KV_STAGES,)
+  const uint32_t q_full_bars = empty_bars + KV_STAGES * 8;  // (NUM_WG,): a math warpgroup's Q rows landed
+  const uint32_t q_empty_bars = q_full_bars + NUM_WG * 8;   // (NUM_WG,): its last S of a work retired
+  const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
   const bool varlen = p.cu_seqlens_k != nullptr;
@@ -78,12 +92,47 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       mbarrier_init(full_bars + 8 * s, 1);  // the producer thread's arrival (+ the bytes it announces)
       mbarrier_init(empty_bars + 8 * s, kMathWarps);
     }
+    if constexpr (kQByTma) {
+#pragma unroll
+      for (int w = 0; w < NUM_WG; ++w) {
+        mbarrier_init(q_full_bars + 8 * w, 1);  // the Q thread's arrival (+ the bytes it announces)
+        mbarrier_init(q_empty_bars + 8 * w, 4);  // the warpgroup's four warps
+      }
+    }
   }
   __syncthreads();  // the barriers are initialised before anyone waits on or arrives at them
 
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
+    if (tid == 32 && q_by_tma) {
+      // Warp 1's first thread loads each math warpgroup's Q rows: a box per 64 columns of q_box_heads heads x
+      // 64 / q_box_heads positions (64 packed rows, the heads fastest), once the warpgroup's products of the work
+      // before no longer read them. A thread of its own, so that no warpgroup's Q waits behind key tiles that
+      // another warpgroup has not released yet.
+      prefetch(p.q_tma);
+      int works = 0;
+      for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
+        const int w = walk_work<kWindowed>(round);
+        if (w >= num_work) continue;
+        const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
+        if (tile.empty()) continue;
+        const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
+#pragma unroll
+        for (int wg = 0; wg < NUM_WG; ++wg) {
+          if (works > 0) mbarrier_wait(q_empty_bars + 8 * wg, (works - 1) & 1);
+          const uint32_t full = q_full_bars + 8 * wg;
+          arrive_expect_bytes(full, 64 * HEAD_DIM * 2);
+          const int position = static_cast<int>(tile.span.q_token0) + (tile.p0 + 64 * wg) / tile.group;
+#pragma unroll
+          for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
+            load_box(smem.q_tile + sub * (kBlockM * kSubTileRowBytes) + wg * (64 * kSubTileRowBytes), p.q_tma,
+                     sub * 64, tile.kv_head * tile.group, position, batch, full);
+        }
+        ++works;
+      }
+      return;
+    }
     if (tid != 0) return;
     // Thread 0 streams every work's key tiles: before reusing a slot it waits until the math warps released
     // the tile a pass before; then one arrival announcing the slot's bytes, and a box per 64 columns of K and
@@ -128,28 +177,34 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int warp_row0 = warp * 16;
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
-  int ring = 0;  // as the producer's
+  int ring = 0, works = 0;  // as the producer's
   for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
     const int w = walk_work<kWindowed>(round);
     if (w >= num_work) continue;
     const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
     if (tile.empty()) continue;
-    // this warpgroup's 64 Q rows, once every warp of it is past the last work's products
-    named_barrier_sync(kQRowsBarrier + warpgroup, 128);
-    load_query_rows(smem, p, tile, warpgroup, math_tid & 127);
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async_shared();  // the copies, for the tensor cores' reads
-    named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+    if (q_by_tma) {
+      mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
+    } else {  // copy them, once every warp of this warpgroup is past the last work's products
+      named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+      load_query_rows(smem, p, tile, warpgroup, math_tid & 127);
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_shared();  // the copies, for the tensor cores' reads
+      named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+    }
     const int num_tiles = tile.keys.num_tiles;
     const int first_key0 = (tile.keys.n_block_max - 1) * BLOCK_N;
     const bool partial_first = varlen && num_tiles > 0 && first_key0 + BLOCK_N > tile.span.seqlen_k;
     MathRows rows;
     rows.init();
-    auto wait_tile = [&](int i) -> uint32_t {  // the work's key tile i is the ring's ring + i
-      const int r = ring + i, slot = r % KV_STAGES;
+    // This warpgroup's rows may see fewer key tiles than the work's (a causal diagonal's first tiles, a window's
+    // last ones): it hands those slots back unread once they landed, so every warp arrives on each slot's
+    // "empty" barrier once per pass, and every math thread takes part in zeroing a partial first tile.
+    auto wait_slot = [&](int r, bool zero_rows) -> uint32_t {  // ring tile r landed (V rows past the end zeroed)
+      const int slot = r % KV_STAGES;
       mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
-      if (i == 0 && partial_first) {  // V rows past the sequence's end: zeros, before any P V reads them
+      if (zero_rows) {  // V rows past the sequence's end: zeros, before any P V reads them
         const int first_row = tile.span.seqlen_k - first_key0;
         zero_tile_rows<BLOCK_N, HEAD_DIM_V / 64, kMathThreads>(smem.v_ring + slot * kVBytes, first_row, math_tid);
         fence_proxy_async_shared();
@@ -157,14 +212,42 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       }
       return slot;
     };
-    auto release = [&](int i) {
+    auto release_slot = [&](int r) {
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(empty_bars + 8 * ((ring + i) % KV_STAGES));  // this warp is done with the slot
+      if (lane == 0) mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));  // this warp is done with the slot
     };
-    key_loop<kWindowed>(rows, p, tile, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring, wait_tile,
-                        release);
+    auto release_queries = [&]() {  // this warp's products no longer read the Q rows
+      if (!q_by_tma) return;
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(q_empty_bars + 8 * warpgroup);
+    };
+    if constexpr (!kOwnKeyTiles) {
+      key_loop<kWindowed>(
+          rows, p, tile, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
+          [&](int i) { return wait_slot(ring + i, i == 0 && partial_first); }, [&](int i) { release_slot(ring + i); },
+          release_queries);
+    } else {
+      QueryTile own = tile;
+      own.keys = row_key_tiles<kWindowed, 64, BLOCK_N>(tile, tile.p0 + 64 * warpgroup);
+      const int skipped_first = own.keys.num_tiles > 0 ? tile.keys.n_block_max - own.keys.n_block_max : num_tiles;
+      for (int i = 0; i < skipped_first; ++i) {
+        wait_slot(ring + i, i == 0 && partial_first);
+        release_slot(ring + i);
+      }
+      const int own_ring = ring + skipped_first;  // the ring tile of this warpgroup's first key tile
+      const bool own_partial_first = partial_first && skipped_first == 0;
+      key_loop<kWindowed>(
+          rows, p, own, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
+          [&](int i) { return wait_slot(own_ring + i, i == 0 && own_partial_first); },
+          [&](int i) { release_slot(own_ring + i); }, release_queries);
+      for (int i = skipped_first + own.keys.num_tiles; i < num_tiles; ++i) {
+        wait_slot(ring + i, false);
+        release_slot(ring + i);
+      }
+    }
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store from registers
     store_output(rows, p, tile, warp_row0, g, t);
     ring += num_tiles;
+    ++works;
   }
 }

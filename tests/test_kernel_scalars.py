@@ -72,7 +72,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(forward, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows: bytes(128))  # the Hopper body's K/V maps (no driver)
+    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))  # the Hopper body's maps (no driver)
     monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # and the backward's maps
     monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: bytes(128))
     monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": None)
@@ -97,8 +97,8 @@ def test_forward_scalars(recorder, scale, softcap):
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
-    # work section
-    scale_log2, softcap_pre, softcap_log2 = args[-8:-5]
+    # work section, q_box_heads
+    scale_log2, softcap_pre, softcap_log2 = args[-9:-6]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -178,7 +178,7 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
-    assert grid == (ctas, 1, 1) and args[-1] == section  # FwdParams.work_section, the last field
+    assert grid == (ctas, 1, 1) and args[-2] == section  # FwdParams.work_section (q_box_heads follows)
 
 
 def test_hopper_forward_schedule_decisions():

@@ -4,6 +4,7 @@ forward to contiguous copies, and where the launch puts a parameter struct that 
 descriptor (the offset read from the cubin, checked against ``cuobjdump``). The encode itself needs the
 driver and runs in the GPU tests."""
 
+import dataclasses
 import re
 import shutil
 import struct
@@ -98,10 +99,12 @@ def test_the_backward_takes_its_maps_before_its_flat_list():
 
 def test_the_forward_parameter_struct_packs_the_descriptors_first():
     signature = kernel_signature("fwd_hopper_ws.cu", "hfp_attention_forward_sm90_ws")
-    assert signature.names[:3] == ("k_tma", "v_tma", "q") and signature.letters[:3] == "TTP"
+    assert signature.names[:4] == ("k_tma", "v_tma", "q_tma", "q") and signature.letters[:4] == "TTTP"
+    assert signature.names[-1] == "q_box_heads" and signature.letters[-1] == "i"
     assert struct.calcsize("@" + signature.format) % 64 == 0  # C pads the struct to its 64-byte alignment
-    packed = struct.pack("@" + signature.format, b"\1" * 128, b"\2" * 128, *[0] * (len(signature.letters) - 2))
-    assert packed[:256] == b"\1" * 128 + b"\2" * 128
+    maps = (b"\1" * 128, b"\2" * 128, b"\3" * 128)
+    packed = struct.pack("@" + signature.format, *maps, *[0] * (len(signature.letters) - 3))
+    assert packed[:384] == b"".join(maps)
 
 
 def _cuobjdump_parameter_offset(cubin: bytes, entry: str, tmp_path) -> int:
@@ -150,3 +153,37 @@ def test_no_keys_need_no_map_and_an_unmappable_copy_is_refused_by_name(monkeypat
     k = torch.empty(2, 30, 4, 128, dtype=torch.bfloat16)
     with pytest.raises(KernelUnsupported, match=r"cannot map k/v for the TMA: refused \(2, 30, 4, 128\)"):
         forward._tensor_maps(config, k, k)
+
+
+def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(monkeypatch):
+    """With a shape's q_by_tma, the Hopper body's producer loads a math warpgroup's 64 packed query rows (GQA heads
+    fastest) in one box per 64 columns: group heads x 64 / group positions. Other groups, an unmappable q, shapes
+    without it and the mma.sync body get no map and q_box_heads 0: the math warps copy their rows."""
+    hopper = forward.ForwardConfig.for_problem(64, "bf16", True, arch="sm_90a")
+    assert hopper.q_by_tma  # the shipped d64 shape (heuristics.HOPPER_SHAPES)
+    copying = dataclasses.replace(hopper, q_by_tma=False)  # a Hopper shape whose math warps copy Q (d128's)
+    ampere = forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_80")
+    q = torch.empty(2, 40, 8, 128, dtype=torch.bfloat16).transpose(1, 2)  # (B, S=8, H=40, D) view of (B, 40, 8, D)
+    assert tma.map_geometry(q, 16, 4)[2] == (tma.BOX_COLUMNS, 4, 16, 1)
+    encoded = []
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: encoded.append((rows, box_heads)) or b"m" * 128)
+    for group in (1, 2, 4, 8, 16, 32, 64):
+        assert forward._query_map(hopper, q, group) == (b"m" * 128, group)
+        assert encoded[-1] == (64 // group, group)
+    calls = len(encoded)
+    for group in (3, 5, 6, 7, 12):
+        assert forward._query_map(hopper, q, group) == (tma.NO_DESCRIPTOR, 0)
+    assert forward._query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+    assert forward._query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+    for field in ("q_by_tma", "own_key_tiles"):  # the mma.sync body has neither
+        with pytest.raises(ValueError, match="Q by the TMA and own key tiles are the wgmma body's"):
+            dataclasses.replace(ampere, **{field: True})
+    # the choices are build defines (the kernel compiles only what its shape takes)
+    assert dict(hopper.build().defines)["Q_BY_TMA"] == "1" and dict(copying.build().defines)["Q_BY_TMA"] == "0"
+    assert dict(hopper.build().defines)["OWN_KEY_TILES"] == str(int(hopper.own_key_tiles))
+
+    def refuse(t, rows, box_heads=1):
+        raise tma.TmaUnsupported("refused here")
+
+    monkeypatch.setattr(tma, "descriptor", refuse)
+    assert forward._query_map(hopper, q, 4) == (tma.NO_DESCRIPTOR, 0)

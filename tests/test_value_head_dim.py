@@ -254,8 +254,9 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: built.append(build)
                         or RecordingKernel(entry, launched))  # fmt: skip
     monkeypatch.setattr(forward, "_aligned", lambda t: t)
-    mapped = []  # the tensor maps of K and V (no driver here): (tensor, box rows)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows: mapped.append((t, rows)) or bytes([len(mapped)]) * 128)
+    mapped = []  # the tensor maps of K, V and Q (no driver here): (tensor, box rows, box heads)
+    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: mapped.append((t, rows, box_heads))
+                        or bytes([len(mapped)]) * 128)  # fmt: skip
     q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=70, dims=(192, 128)))
     with pytest.raises(KernelUnsupported, match="one CUDA device"):  # the pair passes the head-dim check
         forward._check_supported(q, k, v)
@@ -263,8 +264,10 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     out, lse = forward._launch(q, k, v, None, None, 0, 0, None, True, -1, -1, 0.0)
     assert out.shape == (*q.shape[:-1], 128) and lse.shape == (2, 4, 70)
     ((entry, grid, args),) = launched
-    assert [(t is k, t is v, rows) for t, rows in mapped] == [(True, False, 64), (False, True, 64)]
-    assert args[:2] == (bytes([1]) * 128, bytes([2]) * 128)  # FwdParams.k_tma, v_tma
+    # K and V in boxes of a key tile; the 192/128 shape's math warps copy their Q rows (no map)
+    assert [(t is k, t is v, rows, heads) for t, rows, heads in mapped] == [(True, False, 64, 1), (False, True, 64, 1)]
+    assert args[:3] == (bytes([1]) * 128, bytes([2]) * 128, forward.tma.NO_DESCRIPTOR)  # FwdParams.k_tma, v_tma, q_tma
+    assert args[-1] == 0  # FwdParams.q_box_heads
     defines = dict(built[0].defines)
     assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
     assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")

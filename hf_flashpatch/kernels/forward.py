@@ -49,8 +49,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-# FwdParams: k_tma v_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section
+# FwdParams: k_tma v_tma q_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ class ForwardConfig:
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper_ws.cu): a producer warpgroup + 64 rows per math warpgroup
     head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
     overlap_softmax: bool = False  # wgmma body: tile i's softmax under tile i-1's P V (TileShape.overlap_softmax)
+    q_by_tma: bool = False  # wgmma body: Q rows by a producer thread's TMA (TileShape.q_by_tma)
+    own_key_tiles: bool = False  # wgmma body: each math warpgroup's own key tiles (TileShape.own_key_tiles)
 
     @property
     def value_dim(self) -> int:
@@ -81,8 +83,8 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.overlap_softmax:
-            raise ValueError(f"the softmax overlap is the wgmma body's, got {self}")
+        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles:
+            raise ValueError(f"the softmax overlap, Q by the TMA and own key tiles are the wgmma body's, got {self}")
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -122,7 +124,8 @@ class ForwardConfig:
             head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax,
+            wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax, q_by_tma=shape.q_by_tma,
+            own_key_tiles=shape.own_key_tiles,
         )  # fmt: skip
 
     @property
@@ -142,6 +145,7 @@ class ForwardConfig:
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
                 ("NUM_WG", math_warpgroups),
                 ("KV_STAGES", self.kv_stages), ("OVERLAP_SOFTMAX", int(self.overlap_softmax)),
+                ("Q_BY_TMA", int(self.q_by_tma)), ("OWN_KEY_TILES", int(self.own_key_tiles)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
@@ -203,6 +207,20 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when the kernel's 16-byte loads can read it in place, else a contiguous copy."""
     ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
     return t if ok else t.contiguous()
+
+
+def _query_map(config: ForwardConfig, q: torch.Tensor, group: int) -> tuple[bytes, int]:
+    """``(q_tma, q_box_heads)``: the tensor map the Hopper body's producer loads each math warpgroup's 64 packed
+    query rows with (``group`` heads x ``64 // group`` positions a box), and the heads a box holds, for a
+    config with ``q_by_tma`` (``heuristics.HOPPER_SHAPES``). Other configs, a group that does not divide 64 (say
+    3, 5 or 7) and a layout the driver cannot map get ``(NO_DESCRIPTOR, 0)``: the math warps then copy their rows
+    themselves (``cuda/fwd_hopper_ws.cu``)."""
+    if not config.q_by_tma or 64 % group or q.numel() == 0:
+        return tma.NO_DESCRIPTOR, 0
+    try:
+        return tma.descriptor(q, 64 // group, box_heads=group), group
+    except tma.TmaUnsupported:
+        return tma.NO_DESCRIPTOR, 0
 
 
 def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
@@ -275,6 +293,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
 
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
+    q_tma, q_box_heads = _query_map(config, q, group)
     m_blocks = math.ceil(seqlen_q * group / config.block_m)
     section = 0
     if config.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
@@ -287,11 +306,11 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         grid = (m_blocks, kv_heads, num_seqs)
     kernel(
         grid, (config.threads, 1, 1),
-        k_tma, v_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        k_tma, v_tma, q_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, section,
+        kv_heads, num_seqs, section, q_box_heads,
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip

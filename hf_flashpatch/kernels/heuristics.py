@@ -48,6 +48,8 @@ class TileShape:
     ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
     wgmma: bool = False  # the Hopper body (fwd_hopper_ws.cu): 4 warps per 64-row math warpgroup + 4 producer warps
     overlap_softmax: bool = False  # wgmma body: tile i's softmax runs under tile i-1's P V (needs S and P live at once)
+    q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
+    own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -56,14 +58,19 @@ class TileShape:
 #   needs three ring stages (with two, a slot is released only after the next tile's softmax and the TMA's
 #   latency shows).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
-#   registers (24 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
+#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
 #   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
-#   builds spilled; two stages suffice there.
+#   builds spilled; two stages suffice there. Its Q rows come by the TMA from a producer thread, issued as soon as
+#   a warpgroup's last S retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal
+#   crosses a 192-row tile over two or three 128-key tiles). At d128 Q by the TMA measured 1.5-5 % slower than the
+#   math warps' own copy, and there, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
-    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True),
-    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True),
+    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
+                           own_key_tiles=True),
+    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
+                          own_key_tiles=True),
 }
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of

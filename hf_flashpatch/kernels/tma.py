@@ -3,8 +3,9 @@ inside a kernel's parameter struct (letter ``T`` in :mod:`~hf_flashpatch.kernels
 
 Layout: a Q, K, V or dO tensor ``(B, S, H, D)``, or varlen ``(T, H, D)`` (a batch of one), whose last dim is
 contiguous. Its map is rank 4 over (columns, heads, rows, batch), the order of the kernel's box coordinates,
-and a box is ``BOX_COLUMNS`` columns (128 bytes) x 1 head x ``box_rows`` rows x 1 batch with the 128-byte
-swizzle: one SW128 sub-tile of the Hopper kernels. Rows past ``S`` (or ``T``) come back as zeros.
+and a box is ``BOX_COLUMNS`` columns (128 bytes) x ``box_heads`` heads x ``box_rows`` rows x 1 batch with the
+128-byte swizzle: one SW128 sub-tile of the Hopper kernels, its rows in (row, head) order, the head fastest
+(the forward's GQA-packed query rows). Rows past ``S`` (or ``T``) come back as zeros.
 
 Encoding calls ``cuTensorMapEncodeTiled`` in ``libcuda`` (no context needed) and takes a few
 microseconds; maps are memoised by (address, dtype, shape, strides, box), so a training loop that reuses
@@ -36,7 +37,8 @@ class TmaUnsupported(ValueError):
     """The driver cannot describe this tensor with a tensor map."""
 
 
-def map_geometry(t: torch.Tensor, box_rows: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def map_geometry(t: torch.Tensor, box_rows: int,
+                 box_heads: int = 1) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
     """``(dims, byte strides of dims 1..3, box)`` of the rank-4 (columns, heads, rows, batch) map of ``t``:
     ``(B, S, H, D)`` or varlen ``(T, H, D)``. A dim of size 1 gets the stride a contiguous tensor would have
     (its stride is never used, and the driver wants every stride a multiple of 16 bytes)."""
@@ -51,7 +53,7 @@ def map_geometry(t: torch.Tensor, box_rows: int) -> tuple[tuple[int, ...], tuple
     for size, stride, dense in ((heads, t.stride(2), columns), (rows, t.stride(1), heads * columns),
                                 (batch, t.stride(0), rows * heads * columns)):  # fmt: skip
         strides.append((dense if size == 1 else stride) * elem)
-    return (columns, heads, rows, batch), tuple(strides), (BOX_COLUMNS, 1, box_rows, 1)
+    return (columns, heads, rows, batch), tuple(strides), (BOX_COLUMNS, box_heads, box_rows, 1)
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,12 +69,13 @@ def _encode_tiled():
 _maps: dict[tuple, bytes] = {}
 
 
-def descriptor(t: torch.Tensor, box_rows: int) -> bytes:
-    """The encoded tensor map (``DESCRIPTOR_BYTES``) of ``t`` for boxes of ``box_rows`` rows (module docstring)."""
+def descriptor(t: torch.Tensor, box_rows: int, box_heads: int = 1) -> bytes:
+    """The encoded tensor map (``DESCRIPTOR_BYTES``) of ``t`` for boxes of ``box_heads`` heads x ``box_rows``
+    rows (module docstring)."""
     if t.dtype not in _DATA_TYPES or t.data_ptr() % 16:
         raise TmaUnsupported(f"a tensor map takes a 16-byte aligned float16/bfloat16 tensor, got {t.dtype} at "
                              f"address {t.data_ptr():#x}")  # fmt: skip
-    dims, strides, box = map_geometry(t, box_rows)
+    dims, strides, box = map_geometry(t, box_rows, box_heads)
     return _encoded(t, _DATA_TYPES[t.dtype], dims, strides, box)
 
 

@@ -7,6 +7,7 @@ allocator is filled with NaN before every kernel call, so an output element the 
 shows up as NaN.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -298,6 +299,60 @@ def test_persistent_masked_walks_match_one_cta_per_tile(forward_variant, dims, w
     for ctas, section in [(132, 1), (132, 2), (100, 4), (77, 5), (tiles // 2 + 1, 3), (131, 6)]:
         out, lse = launch(HopperSchedule(ctas, section))
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), (ctas, section)
+
+
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 4), (8, 2), (16, 2), (6, 2)], ids=["g1", "g2", "g4", "g8", "g3"])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (200, 37)], ids=["full", "causal", "window200-37"])
+def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkeypatch, dims, heads, window):
+    """With q_by_tma (the d64 shape's; forced here at every head dim the kernel serves), the Hopper body's producer
+    loads each math warpgroup's 64 packed query rows by the TMA (a box of group heads x 64 / group positions) when
+    the group divides 64; the math warps copy them otherwise. Both give the same bits, batched and varlen (whose
+    boxes run into the next sequence's rows), and match the oracle; a group of 3 takes the copy."""
+    if forward_variant != "shipped" or not forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True,
+                                                              dims[1]).wgmma:  # fmt: skip
+        pytest.skip("the Hopper body's Q load")
+    torch.manual_seed(3)
+    (d, d_v), (n_heads, n_kv), (left, right) = dims, heads, window
+    group = n_heads // n_kv
+    seqlens = [1, 70, 239, 1023, 130]
+    cu = torch.tensor([0] + seqlens, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(seqlens), n_heads, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(seqlens), n_kv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(sum(seqlens), n_kv, d_v, device="cuda", dtype=torch.bfloat16)
+    real_query_map = forward_module._query_map
+    heads_per_box = []
+
+    def recording(config, q_, group_):
+        found = real_query_map(config, q_, group_)
+        heads_per_box.append(found[1])
+        return found
+
+    def copied_by_the_math_warps(config, q_, group_):
+        return forward_module.tma.NO_DESCRIPTOR, 0
+
+    masked = left >= 0 or right >= 0
+    shape = dataclasses.replace(forward_tile_shape(d, "sm_90a", masked, d_v), q_by_tma=True)
+
+    def launch(varlen):
+        if varlen:
+            return forward_module._launch(q, k, v, cu, cu, max(seqlens), max(seqlens), None, False, left, right, None,
+                                          shape=shape)  # fmt: skip
+        return forward_module._launch(q[None, 70:1400], k[None, 70:1400], v[None, 70:1400], None, None, None, None,
+                                      None, False, left, right, None, shape=shape)  # fmt: skip
+
+    for varlen in (False, True):
+        monkeypatch.setattr(forward_module, "_query_map", recording)
+        out, lse = launch(varlen)
+        monkeypatch.setattr(forward_module, "_query_map", copied_by_the_math_warps)
+        want, want_lse = launch(varlen)
+        assert heads_per_box[-1] == (group if 64 % group == 0 else 0), heads_per_box
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), (varlen, group)
+    ref, ref_lse = attention_reference(q[None, 70:1400].float(), k[None, 70:1400].float(), v[None, 70:1400].float(),
+                                       window=window)  # fmt: skip
+    batched, batched_lse = launch(False)
+    assert (batched.float() - ref).abs().max().item() < 2e-2
+    torch.testing.assert_close(batched_lse, ref_lse, atol=1e-3, rtol=1e-3)
 
 
 def test_broadcast_kv_heads_are_read_from_a_copy():
