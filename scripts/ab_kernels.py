@@ -61,6 +61,10 @@ def _cases(torch, hfp):
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
     q, k, v = rand(8, 2048, 32, 64), rand(8, 2048, 32, 64), rand(8, 2048, 32, 64)  # 256 (head, sequence) pairs
     cases["fwd d64 8x2k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
+    for causal in (False, True):  # bench_forward's d64 16k rows: one sequence of 32 heads
+        q, k, v = rand(1, 16384, 32, 64), rand(1, 16384, 32, 64), rand(1, 16384, 32, 64)
+        cases[f"fwd d64 1x16k {'causal' if causal else 'full'}"] = (
+            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
     for batch, seqlen in ((4, 4096), (1, 16384)):  # the fine-tune model's attention: 32 query / 8 KV heads, d64
         q, k, v = rand(batch, seqlen, 32, 64), rand(batch, seqlen, 8, 64), rand(batch, seqlen, 8, 64)
         cases[f"fwd d64 {batch}x{seqlen // 1024}k causal gqa4"] = (
