@@ -59,6 +59,10 @@ def _cases(torch, hfp):
         q, k, v = rand(8, 2048, 16, 128), rand(8, 2048, 16, 128), rand(8, 2048, 16, 128)
         cases[f"fwd d128 8x2k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+    for causal in (False, True):  # bench_forward's d128 16k rows: one sequence of 16 heads
+        q, k, v = rand(1, 16384, 16, 128), rand(1, 16384, 16, 128), rand(1, 16384, 16, 128)
+        cases[f"fwd d128 1x16k {'causal' if causal else 'full'}"] = (
+            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
     q, k, v = rand(8, 2048, 32, 64), rand(8, 2048, 32, 64), rand(8, 2048, 32, 64)  # 256 (head, sequence) pairs
     cases["fwd d64 8x2k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
     for causal in (False, True):  # bench_forward's d64 16k rows: one sequence of 32 heads
