@@ -136,6 +136,14 @@ struct MathRows {
   }
 };
 
+// ptxas places a `wgmma.wait_group` as early as the registers it guards allow: the wait for P(i-1) V(i-1) went
+// ahead of tile i's exponentials, which then ran after the product instead of under it. A branch on the row sums
+// (which every exponential feeds; never taken, a sum of exponentials is not negative) ends the basic block, and
+// ptxas does not move the wait above it.
+__device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
+  if (__any_sync(0xffffffffu, row_sum[0][0] < 0.f || row_sum[0][1] < 0.f)) __trap();
+}
+
 // A math warpgroup's key loop over its 64 rows: per key tile S = Q K^T, soft-cap, mask (boundary tiles
 // only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
 // tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) and the previous tile's P V are
@@ -214,7 +222,10 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     }
     fence_operands(s_flat);
     const bool max_moved = softmax_of(i);
-    if constexpr (kOverlap) retire_pv(i - 1);
+    if constexpr (kOverlap) {
+      keep_wait_behind(rows.softmax.row_sum);
+      retire_pv(i - 1);
+    }
     rows.softmax.rescale(rows.acc_o, correction, max_moved);
     pack_probabilities(probs, scores);
     previous = slot;
