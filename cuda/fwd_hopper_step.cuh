@@ -202,6 +202,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   rows.softmax.rescale(rows.acc_o, correction, softmax_of(0));
   pack_probabilities(probs, scores);
   uint32_t previous = slot;
+  bool rescale_pending = false;  // overlap: O still owes the rescale of the last softmax (applied before its P V)
   for (int i = 1; i < num_tiles; ++i) {
     if constexpr (!kOverlap) {
       issue_pv_of(previous);
@@ -214,6 +215,11 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     issue_scores(s_flat, q_rows, k_ring.plus(slot * kKBytes));
     wgmma_commit();
     if constexpr (kOverlap) {
+      // O += P(i-1) V(i-1) after O's rescale for tile i-1, done here under S(i) (FlashAttention-3 rescales
+      // before the product too), so that only P(i)'s packing follows the wait for the product.
+      rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
+      fence_operands(o_flat);
+      wgmma_fence();
       issue_pv(o_flat, probs, v_ring.plus(previous * kVBytes));
       wgmma_commit();
       wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
@@ -225,12 +231,15 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     if constexpr (kOverlap) {
       keep_wait_behind(rows.softmax.row_sum);
       retire_pv(i - 1);
+      rescale_pending = max_moved;
+    } else {
+      rows.softmax.rescale(rows.acc_o, correction, max_moved);
     }
-    rows.softmax.rescale(rows.acc_o, correction, max_moved);
     pack_probabilities(probs, scores);
     previous = slot;
   }
   release_queries();  // every S retired; the last P V reads V and registers only
+  if constexpr (kOverlap) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
   issue_pv_of(previous);
   retire_pv(num_tiles - 1);
 }
