@@ -146,9 +146,9 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 
 // A math warpgroup's key loop over its 64 rows: per key tile S = Q K^T, soft-cap, mask (boundary tiles
 // only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
-// tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) and the previous tile's P V are
-// issued back to back, S(i) is retired first and exponentiated while P V still runs, then O is rescaled
-// and P(i) packed. Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1)
+// tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of
+// tile i-1's softmax, P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while P V still runs
+// (keep_wait_behind), then P(i) is packed once P V retired. Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1)
 // retires before S(i) is issued. `wait_tile(i)` waits until tile i is in its ring slot and returns the slot
 // (K at k_ring + slot * kKBytes, V at v_ring + slot * kVBytes); `release(i)` hands slot i back once both of
 // its products retired; `release_queries()` runs once every S = Q K^T retired (at once without key tiles).
