@@ -28,13 +28,14 @@ constexpr int kKBytes = BLOCK_N * HEAD_DIM * 2;    // one K tile
 constexpr int kVBytes = BLOCK_N * HEAD_DIM_V * 2;  // one V tile
 static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) || (HEAD_DIM == 192 && HEAD_DIM_V == 128),
               "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
-static_assert(BLOCK_N == 64 || BLOCK_N == 128, "S = Q K^T uses wgmma n64 or n128");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 176, "S = Q K^T uses wgmma n64, n128 or n176");
 
 // Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
 template <int N>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   if constexpr (N == 64) hfp::sm90::wgmma_ss_m64n64k16<kBf16>(d, desc_a, desc_b, accumulate);
-  else hfp::sm90::wgmma_ss_m64n128k16<kBf16>(d, desc_a, desc_b, accumulate);
+  else if constexpr (N == 128) hfp::sm90::wgmma_ss_m64n128k16<kBf16>(d, desc_a, desc_b, accumulate);
+  else hfp::sm90::wgmma_ss_m64n176k16<kBf16>(d, desc_a, desc_b, accumulate);
 }
 template <int N>
 __device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
@@ -148,18 +149,21 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
 // tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of
 // tile i-1's softmax, P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while P V still runs
-// (keep_wait_behind), then P(i) is packed once P V retired. Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1)
-// retires before S(i) is issued. `wait_tile(i)` waits until tile i is in its ring slot and returns the slot
-// (K at k_ring + slot * kKBytes, V at v_ring + slot * kVBytes); `release(i)` hands slot i back once both of
-// its products retired; `release_queries()` runs once every S = Q K^T retired (at once without key tiles).
-// row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
+// (keep_wait_behind), then P(i) is packed once P V retired. Without it (a build whose registers cannot hold S(i)
+// beside P(i-1)), P(i-1) V(i-1) retires before S(i) is issued. K and V of a ring slot land and are handed back
+// apart: `wait_keys(i)` waits until tile i's K is in its slot and returns the slot (K at k_ring + slot * kKBytes),
+// `wait_values(i)` until its V is (at v_ring + slot * kVBytes); `release_keys(i)` hands K back once S(i) retired,
+// `release_values(i)` V once P(i) V(i) did; `release_queries()` runs once every S = Q K^T retired (at once without
+// key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
 // t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
 // compiler from touching registers a wgmma owns between its issue and its wait.
-template <bool kWindowed, typename WaitTile, typename Release, typename ReleaseQueries>
+template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
+          typename ReleaseQueries>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                          int row, int t, hfp::sm90::SteppedDescriptor q_rows,
                                          hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
-                                         WaitTile wait_tile, Release release, ReleaseQueries release_queries) {
+                                         WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
+                                         ReleaseValues release_values, ReleaseQueries release_queries) {
   using namespace hfp::sm90;
   constexpr bool kOverlap = OVERLAP_SOFTMAX != 0;
   const int num_tiles = tile.keys.num_tiles, n_block_max = tile.keys.n_block_max;
@@ -179,54 +183,51 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
       hfp::fwd::apply_mask<kWindowed>(scores, key0 + 2 * t, row, tile.group, tile.shifts, tile.span.seqlen_k);
     return rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
   };
-  auto issue_pv_of = [&](uint32_t slot) {  // O += P V(slot) as its own group
-    fence_operands(o_flat);
-    wgmma_fence();
-    issue_pv(o_flat, probs, v_ring.plus(slot * kVBytes));
-    wgmma_commit();
-  };
-  auto retire_pv = [&](int i) {  // wait for O += P(i) V(i), then hand slot i back
-    wgmma_wait<0>();
-    fence_operands(o_flat);
-    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-    release(i);
-  };
-
-  uint32_t slot = wait_tile(0);
-  fence_operands(s_flat);
-  wgmma_fence();
-  issue_scores(s_flat, q_rows, k_ring.plus(slot * kKBytes));
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_operands(s_flat);
-  rows.softmax.rescale(rows.acc_o, correction, softmax_of(0));
-  pack_probabilities(probs, scores);
-  uint32_t previous = slot;
-  bool rescale_pending = false;  // overlap: O still owes the rescale of the last softmax (applied before its P V)
-  for (int i = 1; i < num_tiles; ++i) {
-    if constexpr (!kOverlap) {
-      issue_pv_of(previous);
-      retire_pv(i - 1);
-    }
-    slot = wait_tile(i);
+  auto issue_scores_of = [&](uint32_t slot) {  // S = Q K(slot)^T as its own group
     fence_operands(s_flat);
     fence_operands(o_flat);
     wgmma_fence();
     issue_scores(s_flat, q_rows, k_ring.plus(slot * kKBytes));
     wgmma_commit();
+  };
+  auto issue_pv_of = [&](int i) {  // O += P(i) V(i) as its own group, once V(i) landed
+    const uint32_t slot = wait_values(i);
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(o_flat, probs, v_ring.plus(slot * kVBytes));
+    wgmma_commit();
+  };
+  auto retire_pv = [&](int i) {  // wait for O += P(i) V(i), then hand V(i) back
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
+    release_values(i);
+  };
+
+  issue_scores_of(wait_keys(0));
+  wgmma_wait<0>();
+  fence_operands(s_flat);
+  release_keys(0);
+  rows.softmax.rescale(rows.acc_o, correction, softmax_of(0));
+  pack_probabilities(probs, scores);
+  bool rescale_pending = false;  // overlap: O still owes the rescale of the last softmax (applied before its P V)
+  for (int i = 1; i < num_tiles; ++i) {
+    if constexpr (!kOverlap) {
+      issue_pv_of(i - 1);
+      retire_pv(i - 1);
+    }
+    issue_scores_of(wait_keys(i));
     if constexpr (kOverlap) {
       // O += P(i-1) V(i-1) after O's rescale for tile i-1, done here under S(i) (FlashAttention-3 rescales
       // before the product too), so that only P(i)'s packing follows the wait for the product.
       rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
-      fence_operands(o_flat);
-      wgmma_fence();
-      issue_pv(o_flat, probs, v_ring.plus(previous * kVBytes));
-      wgmma_commit();
+      issue_pv_of(i - 1);
       wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
     } else {
       wgmma_wait<0>();
     }
     fence_operands(s_flat);
+    release_keys(i);
     const bool max_moved = softmax_of(i);
     if constexpr (kOverlap) {
       keep_wait_behind(rows.softmax.row_sum);
@@ -236,11 +237,10 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
       rows.softmax.rescale(rows.acc_o, correction, max_moved);
     }
     pack_probabilities(probs, scores);
-    previous = slot;
   }
   release_queries();  // every S retired; the last P V reads V and registers only
   if constexpr (kOverlap) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
-  issue_pv_of(previous);
+  issue_pv_of(num_tiles - 1);
   retire_pv(num_tiles - 1);
 }
 

@@ -60,10 +60,10 @@ constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
 
 }  // namespace
 
-// The dynamic shared memory: the tiles, then the full and empty mbarrier of every stage and of every math
-// warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
+// The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
+// math warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
-    kSharedTilesBytes + 2 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
+    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
 // sectioned order deals masked tiles out evenly, else one per tile); CTA b takes work tile b of every round of
@@ -77,9 +77,13 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
-  const uint32_t full_bars = smem.end;                    // (KV_STAGES,) mbarriers, 8 bytes each
-  const uint32_t empty_bars = full_bars + KV_STAGES * 8;  // (KV_STAGES,)
-  const uint32_t q_full_bars = empty_bars + KV_STAGES * 8;  // (NUM_WG,): a math warpgroup's Q rows landed
+  // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. K and V of a slot land and are handed back apart, so
+  // that the next K may land while this V is still read.
+  const uint32_t k_full_bars = smem.end;
+  const uint32_t v_full_bars = k_full_bars + KV_STAGES * 8;
+  const uint32_t k_empty_bars = v_full_bars + KV_STAGES * 8;
+  const uint32_t v_empty_bars = k_empty_bars + KV_STAGES * 8;
+  const uint32_t q_full_bars = v_empty_bars + KV_STAGES * 8;  // (NUM_WG,): a math warpgroup's Q rows landed
   const uint32_t q_empty_bars = q_full_bars + NUM_WG * 8;   // (NUM_WG,): its last S of a work retired
   const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
@@ -89,8 +93,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < KV_STAGES; ++s) {
-      mbarrier_init(full_bars + 8 * s, 1);  // the producer thread's arrival (+ the bytes it announces)
-      mbarrier_init(empty_bars + 8 * s, kMathWarps);
+      mbarrier_init(k_full_bars + 8 * s, 1);  // the producer thread's arrival (+ the bytes it announces)
+      mbarrier_init(v_full_bars + 8 * s, 1);
+      mbarrier_init(k_empty_bars + 8 * s, kMathWarps);
+      mbarrier_init(v_empty_bars + 8 * s, kMathWarps);
     }
     if constexpr (kQByTma) {
 #pragma unroll
@@ -149,19 +155,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
-        const int slot = ring % KV_STAGES;
-        if (ring >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (ring / KV_STAGES - 1) & 1);
-        const uint32_t full = full_bars + 8 * slot;
-        arrive_expect_bytes(full, kKBytes + kVBytes);
+        const int slot = ring % KV_STAGES, parity = (ring / KV_STAGES - 1) & 1;
         const int key_row = first_row - i * BLOCK_N;
+        if (ring >= KV_STAGES) mbarrier_wait(k_empty_bars + 8 * slot, parity);
+        const uint32_t k_full = k_full_bars + 8 * slot;
+        arrive_expect_bytes(k_full, kKBytes);
 #pragma unroll
         for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
           load_box(smem.k_ring + slot * kKBytes + sub * (BLOCK_N * kSubTileRowBytes), p.k_tma, sub * 64,
-                   tile.kv_head, key_row, batch, full);
+                   tile.kv_head, key_row, batch, k_full);
+        if (ring >= KV_STAGES) mbarrier_wait(v_empty_bars + 8 * slot, parity);
+        const uint32_t v_full = v_full_bars + 8 * slot;
+        arrive_expect_bytes(v_full, kVBytes);
 #pragma unroll
         for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
           load_box(smem.v_ring + slot * kVBytes + sub * (BLOCK_N * kSubTileRowBytes), p.v_tma, sub * 64,
-                   tile.kv_head, key_row, batch, full);
+                   tile.kv_head, key_row, batch, v_full);
       }
     }
     return;
@@ -201,10 +210,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // This warpgroup's rows may see fewer key tiles than the work's (a causal diagonal's first tiles, a window's
     // last ones): it hands those slots back unread once they landed, so every warp arrives on each slot's
     // "empty" barrier once per pass, and every math thread takes part in zeroing a partial first tile.
-    auto wait_slot = [&](int r, bool zero_rows) -> uint32_t {  // ring tile r landed (V rows past the end zeroed)
+    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed
       const int slot = r % KV_STAGES;
-      mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
-      if (zero_rows) {  // V rows past the sequence's end: zeros, before any P V reads them
+      mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      return slot;
+    };
+    // Ring tile r's K landed; with zero_values (a varlen sequence's partial first tile, so only outside the key
+    // loop's steady state) its V too, whose rows past the sequence's end become zeros before any P V reads them.
+    auto wait_keys = [&](int r, bool zero_values) -> uint32_t {
+      const int slot = r % KV_STAGES;
+      mbarrier_wait(k_full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      if (zero_values) {
+        wait_values(r);
         const int first_row = tile.span.seqlen_k - first_key0;
         zero_tile_rows<BLOCK_N, HEAD_DIM_V / 64, kMathThreads>(smem.v_ring + slot * kVBytes, first_row, math_tid);
         fence_proxy_async_shared();
@@ -212,9 +229,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       }
       return slot;
     };
-    auto release_slot = [&](int r) {
+    auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));  // this warp is done with the slot
+      if (lane == 0) mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+    };
+    auto skip_tile = [&](int r, bool zero_rows) {  // a tile none of this warpgroup's rows sees: handed back unread
+      wait_keys(r, zero_rows);
+      release(k_empty_bars, r);
+      wait_values(r);
+      release(v_empty_bars, r);
     };
     auto release_queries = [&]() {  // this warp's products no longer read the Q rows
       if (!q_by_tma) return;
@@ -224,26 +247,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     if constexpr (!kOwnKeyTiles) {
       key_loop<kWindowed>(
           rows, p, tile, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
-          [&](int i) { return wait_slot(ring + i, i == 0 && partial_first); }, [&](int i) { release_slot(ring + i); },
+          [&](int i) { return wait_keys(ring + i, i == 0 && partial_first); },
+          [&](int i) { return wait_values(ring + i); },
+          [&](int i) { release(k_empty_bars, ring + i); }, [&](int i) { release(v_empty_bars, ring + i); },
           release_queries);
     } else {
       QueryTile own = tile;
       own.keys = row_key_tiles<kWindowed, 64, BLOCK_N>(tile, tile.p0 + 64 * warpgroup);
       const int skipped_first = own.keys.num_tiles > 0 ? tile.keys.n_block_max - own.keys.n_block_max : num_tiles;
-      for (int i = 0; i < skipped_first; ++i) {
-        wait_slot(ring + i, i == 0 && partial_first);
-        release_slot(ring + i);
-      }
+      for (int i = 0; i < skipped_first; ++i) skip_tile(ring + i, i == 0 && partial_first);
       const int own_ring = ring + skipped_first;  // the ring tile of this warpgroup's first key tile
       const bool own_partial_first = partial_first && skipped_first == 0;
       key_loop<kWindowed>(
           rows, p, own, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
-          [&](int i) { return wait_slot(own_ring + i, i == 0 && own_partial_first); },
-          [&](int i) { release_slot(own_ring + i); }, release_queries);
-      for (int i = skipped_first + own.keys.num_tiles; i < num_tiles; ++i) {
-        wait_slot(ring + i, false);
-        release_slot(ring + i);
-      }
+          [&](int i) { return wait_keys(own_ring + i, i == 0 && own_partial_first); },
+          [&](int i) { return wait_values(own_ring + i); },
+          [&](int i) { release(k_empty_bars, own_ring + i); }, [&](int i) { release(v_empty_bars, own_ring + i); },
+          release_queries);
+      for (int i = skipped_first + own.keys.num_tiles; i < num_tiles; ++i) skip_tile(ring + i, false);
     }
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store from registers
     store_output(rows, p, tile, warp_row0, g, t);

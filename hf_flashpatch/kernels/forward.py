@@ -104,7 +104,7 @@ class ForwardConfig:
         dims = (self.head_dim, self.value_dim)
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
-            and self.block_n in (64, 128) and rest == 0
+            and self.block_n in (64, 128, 176) and rest == 0
             and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
@@ -112,7 +112,7 @@ class ForwardConfig:
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
-                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128, a producer "
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/176, a producer "
                              f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages), got {self}")  # fmt: skip
 
     @classmethod
