@@ -65,7 +65,7 @@ class TileShape:
 #   crosses a 192-row tile over two or three 128-key tiles). At d128 Q by the TMA measured 1.5-5 % slower than the
 #   math warps' own copy, and there, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
-    (128, False): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
+    (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, overlap_softmax=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                            own_key_tiles=True),
