@@ -182,6 +182,19 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   return tile;
 }
 
+// Every work tile CTA blockIdx.x takes, in its order (walk_work over persistent_work), as a QueryTile; empty ones
+// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it.
+template <bool kWindowed, int kBlockM, int kBlockN, typename Body>
+__device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
+  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
+  for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
+    const int w = walk_work<kWindowed>(round);
+    if (w >= num_work) continue;
+    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
+    if (!tile.empty()) body(tile);
+  }
+}
+
 // The key tiles that the kRows packed rows of `tile` from `first_row` see: visible_key_tiles of those rows alone,
 // a sub-range of the tile's (a row's first and last visible key never decrease with its position). Every score
 // of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them

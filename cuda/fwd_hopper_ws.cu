@@ -87,7 +87,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const uint32_t q_empty_bars = q_full_bars + NUM_WG * 8;   // (NUM_WG,): its last S of a work retired
   const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
-  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
   const bool varlen = p.cu_seqlens_k != nullptr;
 
   if (tid == 0) {
@@ -118,11 +117,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-        const int w = walk_work<kWindowed>(round);
-        if (w >= num_work) continue;
-        const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
-        if (tile.empty()) continue;
+      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -136,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
                      sub * 64, tile.kv_head * tile.group, position, batch, full);
         }
         ++works;
-      }
+      });
       return;
     }
     if (tid != 0) return;
@@ -147,11 +142,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-      const int w = walk_work<kWindowed>(round);
-      if (w >= num_work) continue;
-      const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
-      if (tile.empty()) continue;
+    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -172,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
           load_box(smem.v_ring + slot * kVBytes + sub * (BLOCK_N * kSubTileRowBytes), p.v_tma, sub * 64,
                    tile.kv_head, key_row, batch, v_full);
       }
-    }
+    });
     return;
   }
 
@@ -187,11 +178,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
 
   int ring = 0, works = 0;  // as the producer's
-  for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-    const int w = walk_work<kWindowed>(round);
-    if (w >= num_work) continue;
-    const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, w));
-    if (tile.empty()) continue;
+  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products
@@ -270,5 +257,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     store_output(rows, p, tile, warp_row0, g, t);
     ring += num_tiles;
     ++works;
-  }
+  });
 }
