@@ -100,18 +100,6 @@ static_assert(kThreads == 256, "the wgmma backward body runs two warpgroups");
 constexpr int kHSmemBytes = kHKBytes + kHVBytes + kHQStages * (kHQBytes + kHDoBytes) + kHDsBuffers * kHDsBytes +
                             kHDqStageBytes + kHQStages * kHStatsBytes + 8 * kHQStages;
 
-template <int N>
-__device__ __forceinline__ void h_mma_ss(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
-  if constexpr (N == 32) sm90::wgmma_ss_m64n32k16<kBf16>(d, a, b, accumulate);
-  else if constexpr (N == 64) sm90::wgmma_ss_m64n64k16<kBf16>(d, a, b, accumulate);
-  else sm90::wgmma_ss_m64n128k16<kBf16>(d, a, b, accumulate);
-}
-template <int N>
-__device__ __forceinline__ void h_mma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t b) {
-  if constexpr (N == 64) sm90::wgmma_rs_m64n64k16_tb<kBf16>(d, a, b, 1);
-  else sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, b, 1);
-}
-
 // Columns [kFirst, kFirst + kLen) of an accumulator row block as an accumulator of its own (8-column blocks are
 // 4 consecutive registers: the m64nNk16 layout of columns 8j.. is d[4j..4j+3] whatever N is).
 template <int kFirst, int kLen, int N>
@@ -155,7 +143,7 @@ __device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], sm90::SteppedDescr
 #pragma unroll
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const uint32_t k_offset = (ks % 4) * 32;
-    h_mma_ss<N>(d, a_rows.plus((ks / 4) * (kATileRows * kHRowBytes) + k_offset).value(),
+    sm90::wgmma_ss<N, kBf16>(d, a_rows.plus((ks / 4) * (kATileRows * kHRowBytes) + k_offset).value(),
                 b_rows.plus((ks / 4) * (kBTileRows * kHRowBytes) + k_offset).value(), ks > 0);
   }
 }
@@ -170,10 +158,10 @@ __device__ __forceinline__ void h_issue_rs(float (&d)[kCols / 2], const uint32_t
   for (int kk = 0; kk < kHSubM / 16; ++kk) {
     const sm90::SteppedDescriptor rows = b_rows.plus(kk * 16 * kHRowBytes);
     if constexpr (kCols == 192) {
-      h_mma_rs_tb<128>(acc_columns<0, 128>(d), a[kk], rows.value());
-      h_mma_rs_tb<64>(acc_columns<128, 64>(d), a[kk], rows.plus(2 * kHStepSubBytes).value());
+      sm90::wgmma_rs_tb<128, kBf16>(acc_columns<0, 128>(d), a[kk], rows.value(), 1);
+      sm90::wgmma_rs_tb<64, kBf16>(acc_columns<128, 64>(d), a[kk], rows.plus(2 * kHStepSubBytes).value(), 1);
     } else {
-      h_mma_rs_tb<kCols>(d, a[kk], rows.value());
+      sm90::wgmma_rs_tb<kCols, kBf16>(d, a[kk], rows.value(), 1);
     }
   }
 }
@@ -184,7 +172,7 @@ __device__ __forceinline__ void h_issue_dq(float (&dq)[32], sm90::SteppedDescrip
                                            sm90::SteppedDescriptor k_cols) {
 #pragma unroll
   for (int kk = 0; kk < kHBlockN / 16; ++kk)  // all 128 keys, 16 per k-step
-    sm90::wgmma_ss_m64n64k16<kBf16, 1, 1>(dq, ds_rows.plus(kk * 16 * kHRowBytes).value(),
+    sm90::wgmma_ss<64, kBf16, 1, 1>(dq, ds_rows.plus(kk * 16 * kHRowBytes).value(),
                                           k_cols.plus(kk * 16 * kHRowBytes).value(), kk > 0);
 }
 

@@ -30,19 +30,6 @@ static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) ||
               "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
 static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 176, "S = Q K^T uses wgmma n64, n128 or n176");
 
-// Both GEMM shapes in one place: n = BLOCK_N (scores) or HEAD_DIM (output).
-template <int N>
-__device__ __forceinline__ void mma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  if constexpr (N == 64) hfp::sm90::wgmma_ss_m64n64k16<kBf16>(d, desc_a, desc_b, accumulate);
-  else if constexpr (N == 128) hfp::sm90::wgmma_ss_m64n128k16<kBf16>(d, desc_a, desc_b, accumulate);
-  else hfp::sm90::wgmma_ss_m64n176k16<kBf16>(d, desc_a, desc_b, accumulate);
-}
-template <int N>
-__device__ __forceinline__ void mma_rs_transposed_b(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (N == 64) hfp::sm90::wgmma_rs_m64n64k16_tb<kBf16>(d, a, desc_b, 1);
-  else hfp::sm90::wgmma_rs_m64n128k16_tb<kBf16>(d, a, desc_b, 1);
-}
-
 // The kernel's shared-memory tiles, from the 1024-byte aligned base (the swizzle atoms need
 // it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring of
 // KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
@@ -86,7 +73,7 @@ __device__ __forceinline__ void issue_scores(float (&s)[kNT * 4], hfp::sm90::Ste
     const uint32_t k_offset = (ks % 4) * 32;  // byte offset inside the sub-tile's 128-byte rows
     const uint64_t desc_q = q_rows.plus((ks / 4) * (kBlockM * kSubTileRowBytes) + k_offset).value();
     const uint64_t desc_k = k_tile.plus((ks / 4) * (BLOCK_N * kSubTileRowBytes) + k_offset).value();
-    mma_ss<BLOCK_N>(s, desc_q, desc_k, ks > 0);
+    hfp::sm90::wgmma_ss<BLOCK_N, kBf16>(s, desc_q, desc_k, ks > 0);
   }
 }
 
@@ -96,7 +83,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[kOT * 4], const uint32_t (&p
                                          hfp::sm90::SteppedDescriptor v_tile) {
 #pragma unroll
   for (int kk = 0; kk < BLOCK_N / 16; ++kk)
-    mma_rs_transposed_b<HEAD_DIM_V>(o, p[kk], v_tile.plus(kk * 16 * kSubTileRowBytes).value());
+    hfp::sm90::wgmma_rs_tb<HEAD_DIM_V, kBf16>(o, p[kk], v_tile.plus(kk * 16 * kSubTileRowBytes).value(), 1);
 }
 
 // The operand descriptors of a kernel, built once: this warpgroup's Q rows and the first slot of the K and

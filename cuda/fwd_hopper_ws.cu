@@ -57,6 +57,10 @@ static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgrou
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
 constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
+template <int N>
+struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
+  static constexpr int value = N;
+};
 
 }  // namespace
 
@@ -146,22 +150,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
-        const int slot = ring % KV_STAGES, parity = (ring / KV_STAGES - 1) & 1;
-        const int key_row = first_row - i * BLOCK_N;
-        if (ring >= KV_STAGES) mbarrier_wait(k_empty_bars + 8 * slot, parity);
-        const uint32_t k_full = k_full_bars + 8 * slot;
-        arrive_expect_bytes(k_full, kKBytes);
+        const int slot = ring % KV_STAGES, key_row = first_row - i * BLOCK_N;
+        // K, then V: once the math warps handed back what the slot held a pass before, an arrival announcing the
+        // tile's bytes on its "full" barrier and a box per 64 columns.
+        auto load = [&](auto columns, uint32_t empty_bars, uint32_t full_bars, uint32_t ring_base,
+                        const TmaDescriptor& map) {
+          constexpr int kColumns = decltype(columns)::value;
+          if (ring >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (ring / KV_STAGES - 1) & 1);
+          const uint32_t full = full_bars + 8 * slot;
+          arrive_expect_bytes(full, BLOCK_N * kColumns * 2);
 #pragma unroll
-        for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
-          load_box(smem.k_ring + slot * kKBytes + sub * (BLOCK_N * kSubTileRowBytes), p.k_tma, sub * 64,
-                   tile.kv_head, key_row, batch, k_full);
-        if (ring >= KV_STAGES) mbarrier_wait(v_empty_bars + 8 * slot, parity);
-        const uint32_t v_full = v_full_bars + 8 * slot;
-        arrive_expect_bytes(v_full, kVBytes);
-#pragma unroll
-        for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
-          load_box(smem.v_ring + slot * kVBytes + sub * (BLOCK_N * kSubTileRowBytes), p.v_tma, sub * 64,
-                   tile.kv_head, key_row, batch, v_full);
+          for (int sub = 0; sub < kColumns / 64; ++sub)
+            load_box(ring_base + slot * (BLOCK_N * kColumns * 2) + sub * (BLOCK_N * kSubTileRowBytes), map, sub * 64,
+                     tile.kv_head, key_row, batch, full);
+        };
+        load(Columns<HEAD_DIM>{}, k_empty_bars, k_full_bars, smem.k_ring, p.k_tma);
+        load(Columns<HEAD_DIM_V>{}, v_empty_bars, v_full_bars, smem.v_ring, p.v_tma);
       }
     });
     return;
@@ -231,26 +235,22 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       __syncwarp();
       if (lane == 0) mbarrier_arrive(q_empty_bars + 8 * warpgroup);
     };
-    if constexpr (!kOwnKeyTiles) {
+    // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
+    auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
       key_loop<kWindowed>(
-          rows, p, tile, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
-          [&](int i) { return wait_keys(ring + i, i == 0 && partial_first); },
-          [&](int i) { return wait_values(ring + i); },
-          [&](int i) { release(k_empty_bars, ring + i); }, [&](int i) { release(v_empty_bars, ring + i); },
-          release_queries);
+          rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
+          [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
+          [&](int i) { return wait_values(first + i); }, [&](int i) { release(k_empty_bars, first + i); },
+          [&](int i) { release(v_empty_bars, first + i); }, release_queries);
+    };
+    if constexpr (!kOwnKeyTiles) {
+      run_key_loop(tile, ring, partial_first);
     } else {
       QueryTile own = tile;
       own.keys = row_key_tiles<kWindowed, 64, BLOCK_N>(tile, tile.p0 + 64 * warpgroup);
       const int skipped_first = own.keys.num_tiles > 0 ? tile.keys.n_block_max - own.keys.n_block_max : num_tiles;
       for (int i = 0; i < skipped_first; ++i) skip_tile(ring + i, i == 0 && partial_first);
-      const int own_ring = ring + skipped_first;  // the ring tile of this warpgroup's first key tile
-      const bool own_partial_first = partial_first && skipped_first == 0;
-      key_loop<kWindowed>(
-          rows, p, own, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
-          [&](int i) { return wait_keys(own_ring + i, i == 0 && own_partial_first); },
-          [&](int i) { return wait_values(own_ring + i); },
-          [&](int i) { release(k_empty_bars, own_ring + i); }, [&](int i) { release(v_empty_bars, own_ring + i); },
-          release_queries);
+      run_key_loop(own, ring + skipped_first, partial_first && skipped_first == 0);
       for (int i = skipped_first + own.keys.num_tiles; i < num_tiles; ++i) skip_tile(ring + i, false);
     }
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store from registers

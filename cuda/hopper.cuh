@@ -184,29 +184,21 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
                ", %" #tb ";\n}\n"                                                                               \
                : acc(d)                                                                                         \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
-template <bool kBf16, int kTransA = 0, int kTransB = 0>
-__device__ __forceinline__ void wgmma_ss_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_SS(ab, 32, HFP_REGS16, HFP_ACC16, 18, 16, 17, 19, 20)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
-}
-template <bool kBf16, int kTransA = 0, int kTransB = 0>
-__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_SS(ab, 64, HFP_REGS32, HFP_ACC32, 34, 32, 33, 35, 36)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
-}
-template <bool kBf16, int kTransA = 0, int kTransB = 0>
-__device__ __forceinline__ void wgmma_ss_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_SS(ab, 128, HFP_REGS64, HFP_ACC64, 66, 64, 65, 67, 68)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
-}
-template <bool kBf16, int kTransA = 0, int kTransB = 0>
-__device__ __forceinline__ void wgmma_ss_m64n176k16(float (&d)[88], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_SS(ab, 176, HFP_REGS88, HFP_ACC88, 90, 88, 89, 91, 92)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
+template <int N, bool kBf16, int kTransA = 0, int kTransB = 0>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 32 || N == 64 || N == 128 || N == 176, "wgmma_ss: n = 32, 64, 128 or 176");
+#define ISSUE32(ab) HFP_WGMMA_SS(ab, 32, HFP_REGS16, HFP_ACC16, 18, 16, 17, 19, 20)
+#define ISSUE64(ab) HFP_WGMMA_SS(ab, 64, HFP_REGS32, HFP_ACC32, 34, 32, 33, 35, 36)
+#define ISSUE128(ab) HFP_WGMMA_SS(ab, 128, HFP_REGS64, HFP_ACC64, 66, 64, 65, 67, 68)
+#define ISSUE176(ab) HFP_WGMMA_SS(ab, 176, HFP_REGS88, HFP_ACC88, 90, 88, 89, 91, 92)
+  if constexpr (N == 32) { HFP_BOTH_TYPES(ISSUE32); }
+  else if constexpr (N == 64) { HFP_BOTH_TYPES(ISSUE64); }
+  else if constexpr (N == 128) { HFP_BOTH_TYPES(ISSUE128); }
+  else { HFP_BOTH_TYPES(ISSUE176); }
+#undef ISSUE32
+#undef ISSUE64
+#undef ISSUE128
+#undef ISSUE176
 }
 
 // D (64 x N, fp32) += A (64 x 16, registers, mma.sync A-fragment layout per warp) * B (16 x N, smem, MN-major: the
@@ -218,19 +210,15 @@ __device__ __forceinline__ void wgmma_ss_m64n176k16(float (&d)[88], uint64_t des
                ", %" #a3 "}, %" #b ", p, 1, 1, 1;\n}\n"                                                         \
                : acc(d)                                                                                         \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate))
-template <bool kBf16>
-__device__ __forceinline__ void wgmma_rs_m64n64k16_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b,
-                                                       int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_RS(ab, 64, HFP_REGS32, HFP_ACC32, 37, 32, 33, 34, 35, 36)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
-}
-template <bool kBf16>
-__device__ __forceinline__ void wgmma_rs_m64n128k16_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b,
-                                                        int accumulate) {
-#define ISSUE(ab) HFP_WGMMA_RS(ab, 128, HFP_REGS64, HFP_ACC64, 69, 64, 65, 66, 67, 68)
-  HFP_BOTH_TYPES(ISSUE);
-#undef ISSUE
+template <int N, bool kBf16>
+__device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+  static_assert(N == 64 || N == 128, "wgmma_rs_tb: n = 64 or 128");
+#define ISSUE64(ab) HFP_WGMMA_RS(ab, 64, HFP_REGS32, HFP_ACC32, 37, 32, 33, 34, 35, 36)
+#define ISSUE128(ab) HFP_WGMMA_RS(ab, 128, HFP_REGS64, HFP_ACC64, 69, 64, 65, 66, 67, 68)
+  if constexpr (N == 64) { HFP_BOTH_TYPES(ISSUE64); }
+  else { HFP_BOTH_TYPES(ISSUE128); }
+#undef ISSUE64
+#undef ISSUE128
 }
 
 }  // namespace sm90
