@@ -9,10 +9,10 @@
 // first: persistent_work in fwd_geometry.cuh), persistent (one CTA per SM) where the tiles weigh the same.
 // Warpgroup 0 is the producer (24 registers per thread after setmaxnreg, 32 beside three math warpgroups): one
 // of its threads streams every work's key tiles into a KV_STAGES-deep ring of 128-byte-swizzled tiles with the TMA
-// (tma.cuh): per tile it arrives on the slot's "full" mbarrier announcing the tile's bytes and issues one box
-// per 64 columns of K and of V, which complete that barrier's phase as they land. Before reusing a slot it
-// waits on the slot's "empty" mbarrier, which every math warp arrives on once its products have read the
-// tile; the ring runs on from one work to the next, so the next work's tiles land under this one's last
+// (tma.cuh): per tile, for K and then V, it arrives on that half's "full" mbarrier announcing its bytes and issues
+// one box per 64 columns, which complete the barrier's phase as they land. Before reusing a slot's K (V) it waits
+// on its "empty" mbarrier, which every math warp arrives on once S = Q K^T (P V) has read it, so the next K lands
+// while this V is still read; the ring runs on from one work to the next, so the next work's tiles land under this one's last
 // products and its output stores. Where the launch passes q_box_heads (the shape's q_by_tma, a group that divides
 // 64), another producer thread loads each math warpgroup's 64 Q rows (one box per 64 columns) once every S = Q K^T
 // of the warpgroup's work before retired (its "Q empty" mbarrier), so the next work's Q lands under this one's
@@ -27,7 +27,7 @@
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
-// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64 or 128),
+// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"

@@ -53,10 +53,10 @@ class TileShape:
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
-# of 128-key tiles, and math warpgroups of 64 rows each. (head dim, masked) -> shape.
-# - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V; the overlap
-#   needs three ring stages (with two, a slot is released only after the next tile's softmax and the TMA's
-#   latency shows).
+# of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each. (head dim, masked) -> shape.
+# - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V. Unmasked: 176-key
+#   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
+#   masked 176-key build spills).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
 #   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
 #   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
