@@ -57,6 +57,10 @@ static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgrou
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
 constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
+// K and V of a slot on barriers of their own only where the key loop overlaps the softmax with the previous
+// P V (the next K may then land while this V is still read); without the overlap P V retires before the next S
+// is issued, and one barrier per slot (K's, covering both) saves a wait and an arrival per tile.
+constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -152,20 +156,27 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
         const int slot = ring % KV_STAGES, key_row = first_row - i * BLOCK_N;
         // K, then V: once the math warps handed back what the slot held a pass before, an arrival announcing the
-        // tile's bytes on its "full" barrier and a box per 64 columns.
-        auto load = [&](auto columns, uint32_t empty_bars, uint32_t full_bars, uint32_t ring_base,
-                        const TmaDescriptor& map) {
-          constexpr int kColumns = decltype(columns)::value;
+        // tile's bytes on its "full" barrier and a box per 64 columns (with one barrier a slot, K's covers both).
+        auto claim = [&](uint32_t empty_bars, uint32_t full_bars, int bytes) -> uint32_t {
           if (ring >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (ring / KV_STAGES - 1) & 1);
-          const uint32_t full = full_bars + 8 * slot;
-          arrive_expect_bytes(full, BLOCK_N * kColumns * 2);
+          arrive_expect_bytes(full_bars + 8 * slot, bytes);
+          return full_bars + 8 * slot;
+        };
+        auto load = [&](auto columns, uint32_t full, uint32_t ring_base, const TmaDescriptor& map) {
+          constexpr int kColumns = decltype(columns)::value;
 #pragma unroll
           for (int sub = 0; sub < kColumns / 64; ++sub)
             load_box(ring_base + slot * (BLOCK_N * kColumns * 2) + sub * (BLOCK_N * kSubTileRowBytes), map, sub * 64,
                      tile.kv_head, key_row, batch, full);
         };
-        load(Columns<HEAD_DIM>{}, k_empty_bars, k_full_bars, smem.k_ring, p.k_tma);
-        load(Columns<HEAD_DIM_V>{}, v_empty_bars, v_full_bars, smem.v_ring, p.v_tma);
+        if constexpr (kSplitKV) {
+          load(Columns<HEAD_DIM>{}, claim(k_empty_bars, k_full_bars, kKBytes), smem.k_ring, p.k_tma);
+          load(Columns<HEAD_DIM_V>{}, claim(v_empty_bars, v_full_bars, kVBytes), smem.v_ring, p.v_tma);
+        } else {
+          const uint32_t full = claim(k_empty_bars, k_full_bars, kKBytes + kVBytes);
+          load(Columns<HEAD_DIM>{}, full, smem.k_ring, p.k_tma);
+          load(Columns<HEAD_DIM_V>{}, full, smem.v_ring, p.v_tma);
+        }
       }
     });
     return;
@@ -201,9 +212,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // This warpgroup's rows may see fewer key tiles than the work's (a causal diagonal's first tiles, a window's
     // last ones): it hands those slots back unread once they landed, so every warp arrives on each slot's
     // "empty" barrier once per pass, and every math thread takes part in zeroing a partial first tile.
-    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed
+    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed (with one barrier a slot: its K did)
       const int slot = r % KV_STAGES;
-      mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      if constexpr (kSplitKV) mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
       return slot;
     };
     // Ring tile r's K landed; with zero_values (a varlen sequence's partial first tile, so only outside the key
@@ -224,11 +235,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       __syncwarp();
       if (lane == 0) mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
     };
+    // K is handed back once S retired, V once P V did; with one barrier a slot, the slot once P V did.
+    auto release_keys = [&](int r) {
+      if constexpr (kSplitKV) release(k_empty_bars, r);
+    };
+    auto release_values = [&](int r) { release(kSplitKV ? v_empty_bars : k_empty_bars, r); };
     auto skip_tile = [&](int r, bool zero_rows) {  // a tile none of this warpgroup's rows sees: handed back unread
       wait_keys(r, zero_rows);
-      release(k_empty_bars, r);
+      release_keys(r);
       wait_values(r);
-      release(v_empty_bars, r);
+      release_values(r);
     };
     auto release_queries = [&]() {  // this warp's products no longer read the Q rows
       if (!q_by_tma) return;
@@ -240,8 +256,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       key_loop<kWindowed>(
           rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
           [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
-          [&](int i) { return wait_values(first + i); }, [&](int i) { release(k_empty_bars, first + i); },
-          [&](int i) { release(v_empty_bars, first + i); }, release_queries);
+          [&](int i) { return wait_values(first + i); }, [&](int i) { release_keys(first + i); },
+          [&](int i) { release_values(first + i); }, release_queries);
     };
     if constexpr (!kOwnKeyTiles) {
       run_key_loop(tile, ring, partial_first);
