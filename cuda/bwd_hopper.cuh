@@ -512,9 +512,6 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
       }
     }
   }
-  if constexpr (kHDqTma) {  // the last boxes' reduce complete before the block's shared memory goes
-    if ((tid & 127) == 0) tma::bulk_wait<0>();
-  }
 
   // dK (batch, seqlen_k, kv_heads, D), dV (batch, seqlen_k, kv_heads, D_v) contiguous; dK carries the softmax
   // scale of s = scale * q.k
@@ -535,6 +532,11 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   };
   store_rows(dk, dk_acc, std::integral_constant<int, kD>{}, softmax_scale);
   store_rows(dv, dv_acc, std::integral_constant<int, kDv>{}, 1.f);
+  // The last dQ boxes read before the block's shared memory goes (after the stores, so that they overlap). Their
+  // additions into the workspace complete before the grid does, so the block need not wait for them to land.
+  if constexpr (kHDqTma) {
+    if ((tid & 127) == 0) tma::bulk_wait_read<0>();
+  }
 }
 
 }  // namespace bwd
