@@ -7,7 +7,8 @@
 //
 // Each CTA walks work tiles (a query tile of one KV head and sequence; a pair's tiles consecutive, heaviest
 // first: persistent_work in fwd_geometry.cuh), persistent (one CTA per SM) where the tiles weigh the same.
-// Warpgroup 0 is the producer (24 registers per thread after setmaxnreg, 32 beside three math warpgroups): one
+// Warpgroup 0 is the producer (24 registers per thread after setmaxnreg, 40 with the Q thread, 32 beside three
+// math warpgroups): one
 // of its threads streams every work's key tiles into a KV_STAGES-deep ring of 128-byte-swizzled tiles with the TMA
 // (tma.cuh): per tile, for K and then V, it arrives on that half's "full" mbarrier announcing its bytes and issues
 // one box per 64 columns, which complete the barrier's phase as they land. Before reusing a slot's K (V) it waits
@@ -16,7 +17,7 @@
 // products and its output stores. Where the launch passes q_box_heads (the shape's q_by_tma, a group that divides
 // 64), another producer thread loads each math warpgroup's 64 Q rows (one box per 64 columns) once every S = Q K^T
 // of the warpgroup's work before retired (its "Q empty" mbarrier), so the next work's Q lands under this one's
-// last P V and output stores. Warpgroups 1..NUM_WG (240 registers each; 160 with three at d64) own 64 query rows
+// last P V and output stores. Warpgroups 1..NUM_WG (240 registers each, 232 with the Q thread, 160 with three at d64) own 64 query rows
 // each: per work they wait for their Q rows (or copy them with cp.async), compute the key tiles their own rows
 // see and hand the work's others back unread (row_key_tiles), run the key loop (key_loop in
 // fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax, O += P V, all on wgmma) and store their
@@ -44,9 +45,9 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // at 168 registers per thread (65536 / 384, rounded down to a multiple of 8), so the split must fit
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
 // Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 32 + 3 x 160 (the
-// Q thread's masked walk spills at 24).
-constexpr int kProducerRegisters = NUM_WG == 3 ? 32 : 24;
-constexpr int kMathRegisters = NUM_WG == 3 ? 160 : 240;
+// Q thread's masked walk spills at 24). With two math warpgroups and the Q thread: 40 + 2 x 232, the whole pool.
+constexpr int kProducerRegisters = NUM_WG == 3 ? 32 : Q_BY_TMA ? 40 : 24;
+constexpr int kMathRegisters = NUM_WG == 3 ? 160 : Q_BY_TMA ? 232 : 240;
 constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");

@@ -161,7 +161,7 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
     without it and the mma.sync body get no map and q_box_heads 0: the math warps copy their rows."""
     hopper = forward.ForwardConfig.for_problem(64, "bf16", True, arch="sm_90a")
     assert hopper.q_by_tma  # the shipped d64 shape (heuristics.HOPPER_SHAPES)
-    copying = dataclasses.replace(hopper, q_by_tma=False)  # a Hopper shape whose math warps copy Q (d128's)
+    copying = dataclasses.replace(hopper, q_by_tma=False)  # a Hopper shape whose math warps copy Q (unmasked d128's)
     ampere = forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_80")
     q = torch.empty(2, 40, 8, 128, dtype=torch.bfloat16).transpose(1, 2)  # (B, S=8, H=40, D) view of (B, 40, 8, D)
     assert tma.map_geometry(q, 16, 4)[2] == (tma.BOX_COLUMNS, 4, 16, 1)
