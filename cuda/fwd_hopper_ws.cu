@@ -13,7 +13,7 @@
 // (tma.cuh): per tile, for K and then V, it arrives on that half's "full" mbarrier announcing its bytes and issues
 // one box per 64 columns, which complete the barrier's phase as they land. Before reusing a slot's K (V) it waits
 // on its "empty" mbarrier, which every math warp arrives on once S = Q K^T (P V) has read it, so the next K lands
-// while this V is still read; the ring runs on from one work to the next, so the next work's tiles land under this one's last
+// while this V is still read (builds without OVERLAP_SOFTMAX: one pair of barriers per slot, kSplitKV); the ring runs on from one work to the next, so the next work's tiles land under this one's last
 // products and its output stores. Where the launch passes q_box_heads (the shape's q_by_tma, a group that divides
 // 64), another producer thread loads each math warpgroup's 64 Q rows (one box per 64 columns) once every S = Q K^T
 // of the warpgroup's work before retired (its "Q empty" mbarrier), so the next work's Q lands under this one's
