@@ -56,8 +56,8 @@ class TileShape:
 # of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each. (head dim, masked) -> shape.
 # - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V. Unmasked: 176-key
 #   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
-#   masked 176-key build spills), Q by the TMA from a producer thread (which takes the split to 40 / 232 registers):
-#   3.5-4 % faster at 2k causal, where unmasked 176-key tiles lost 2-5 % with it.
+#   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers), which
+#   the unmasked 176-key build does not gain from (notes/forward.md, decision log).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
 #   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
 #   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
