@@ -53,7 +53,8 @@ class TileShape:
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
-# of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each. (head dim, masked) -> shape.
+# of key tiles (K and V on barriers of their own where the softmax overlaps P V), and math warpgroups of 64 rows
+# each. (head dim, masked) -> shape.
 # - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V. Unmasked: 176-key
 #   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
 #   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers), which
