@@ -136,9 +136,10 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
 // tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of
 // tile i-1's softmax (kRescaleBeforePv), P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while
-// P V still runs (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles). Without it (a build whose registers cannot hold S(i)
-// beside P(i-1)), P(i-1) V(i-1) retires before S(i) is issued. K and V of a ring slot land and are handed back
-// apart: `wait_keys(i)` waits until tile i's K is in its slot and returns the slot (K at k_ring + slot * kKBytes),
+// P V still runs (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles).
+// Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1) retires before S(i) is
+// issued. K and V of a ring slot are waited for and handed back apart (with one barrier a slot, the kernel's
+// callbacks make V's wait and K's release no-ops): `wait_keys(i)` waits until tile i's K is in its slot and returns the slot (K at k_ring + slot * kKBytes),
 // `wait_values(i)` until its V is (at v_ring + slot * kVBytes); `release_keys(i)` hands K back once S(i) retired,
 // `release_values(i)` V once P(i) V(i) did; `release_queries()` runs once every S = Q K^T retired (at once without
 // key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);

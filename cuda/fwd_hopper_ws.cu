@@ -8,20 +8,20 @@
 // Each CTA walks work tiles (a query tile of one KV head and sequence; a pair's tiles consecutive, heaviest
 // first: persistent_work in fwd_geometry.cuh), persistent (one CTA per SM) where the tiles weigh the same.
 // Warpgroup 0 is the producer (24 registers per thread after setmaxnreg, 40 with the Q thread, 32 beside three
-// math warpgroups): one
-// of its threads streams every work's key tiles into a KV_STAGES-deep ring of 128-byte-swizzled tiles with the TMA
-// (tma.cuh): per tile, for K and then V, it arrives on that half's "full" mbarrier announcing its bytes and issues
-// one box per 64 columns, which complete the barrier's phase as they land. Before reusing a slot's K (V) it waits
-// on its "empty" mbarrier, which every math warp arrives on once S = Q K^T (P V) has read it, so the next K lands
-// while this V is still read (builds without OVERLAP_SOFTMAX: one pair of barriers per slot, kSplitKV); the ring runs on from one work to the next, so the next work's tiles land under this one's last
-// products and its output stores. Where the launch passes q_box_heads (the shape's q_by_tma, a group that divides
-// 64), another producer thread loads each math warpgroup's 64 Q rows (one box per 64 columns) once every S = Q K^T
-// of the warpgroup's work before retired (its "Q empty" mbarrier), so the next work's Q lands under this one's
-// last P V and output stores. Warpgroups 1..NUM_WG (240 registers each, 232 with the Q thread, 160 with three at d64) own 64 query rows
-// each: per work they wait for their Q rows (or copy them with cp.async), compute the key tiles their own rows
-// see and hand the work's others back unread (row_key_tiles), run the key loop (key_loop in
-// fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax, O += P V, all on wgmma) and store their
-// output rows from registers. Without a block-wide barrier per tile the math warpgroups drift apart, so
+// math warpgroups): one of its threads streams every work's key tiles into a KV_STAGES-deep ring of
+// 128-byte-swizzled tiles with the TMA (tma.cuh): per tile, for K and then V, it arrives on that half's "full"
+// mbarrier announcing its bytes and issues one box per 64 columns, which complete the barrier's phase as they land.
+// Before reusing a slot's K (V) it waits on its "empty" mbarrier, which every math warp arrives on once S = Q K^T
+// (P V) has read it, so the next K lands while this V is still read (builds without OVERLAP_SOFTMAX: one pair of
+// barriers per slot covers both, kSplitKV). The ring runs on from one work to the next, so the next work's tiles
+// land under this one's last products and its output stores. Where the launch passes q_box_heads (the shape's
+// q_by_tma, a group that divides 64), another producer thread loads each math warpgroup's 64 Q rows (one box per
+// 64 columns) once every S = Q K^T of the warpgroup's work before retired (its "Q empty" mbarrier), so the next
+// work's Q lands under this one's last P V and output stores. Warpgroups 1..NUM_WG (240 registers each, 232 with
+// the Q thread, 160 with three at d64) own 64 query rows each: per work they wait for their Q rows (or copy them
+// with cp.async), compute the key tiles their own rows see and hand the work's others back unread
+// (row_key_tiles), run the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax,
+// O += P V, all on wgmma) and store their output rows from registers. Without a block-wide barrier per tile the math warpgroups drift apart, so
 // one's softmax overlaps the other's products.
 //
 // Batched tensor maps end where the sequence does (rows past it are zero-filled). A varlen sequence's
@@ -86,8 +86,8 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
-  // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. K and V of a slot land and are handed back apart, so
-  // that the next K may land while this V is still read.
+  // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. With kSplitKV, K and V of a slot land and are handed back
+  // apart, so that the next K may land while this V is still read; without it K's pair covers both (V's unused).
   const uint32_t k_full_bars = smem.end;
   const uint32_t v_full_bars = k_full_bars + KV_STAGES * 8;
   const uint32_t k_empty_bars = v_full_bars + KV_STAGES * 8;
