@@ -144,7 +144,7 @@ __device__ __forceinline__ void h_issue_nt(float (&d)[N / 2], sm90::SteppedDescr
   for (int ks = 0; ks < kWidth / 16; ++ks) {
     const uint32_t k_offset = (ks % 4) * 32;
     sm90::wgmma_ss<N, kBf16>(d, a_rows.plus((ks / 4) * (kATileRows * kHRowBytes) + k_offset).value(),
-                b_rows.plus((ks / 4) * (kBTileRows * kHRowBytes) + k_offset).value(), ks > 0);
+                             b_rows.plus((ks / 4) * (kBTileRows * kHRowBytes) + k_offset).value(), ks > 0);
   }
 }
 
@@ -173,7 +173,7 @@ __device__ __forceinline__ void h_issue_dq(float (&dq)[32], sm90::SteppedDescrip
 #pragma unroll
   for (int kk = 0; kk < kHBlockN / 16; ++kk)  // all 128 keys, 16 per k-step
     sm90::wgmma_ss<64, kBf16, 1, 1>(dq, ds_rows.plus(kk * 16 * kHRowBytes).value(),
-                                          k_cols.plus(kk * 16 * kHRowBytes).value(), kk > 0);
+                                    k_cols.plus(kk * 16 * kHRowBytes).value(), kk > 0);
 }
 
 // Accumulator (64 keys x kHSubM queries per warpgroup, fp32) -> A fragments of the next product (b16 pairs), one
