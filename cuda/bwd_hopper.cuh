@@ -77,6 +77,10 @@ constexpr bool kHPipelined = !HAS_SOFTCAP;
 // dP^T, and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s: both warpgroups
 // are past it then. dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own.
 constexpr int kHQStages = 3;
+// d128: the next step's S^T is issued as soon as this step's dQ product is, so the tensor cores compute it while dQ
+// goes through shared memory to the TMA, and the next step's P^T starts on scores already retired (its registers
+// are free then: dK, dV, dQ and S^T make 192 of them). d64 and 192/128 have no registers to spare for it.
+constexpr bool kHScoresAhead = kHPipelined && !kHValueOwn && kHDqSplit;
 constexpr int kHDsBuffers = kHValueOwn || kD == 64 ? 1 : 2;  // 192/128: two would take 239 KB; d64: dQ's staging
 // d64 / d128: dQ leaves through shared memory, each warpgroup's 64 x 64 (d128: its columns, d64: its query rows)
 // as two 64-row x 32-column fp32 boxes (SW128), added to the workspace by the TMA (one thread,
@@ -275,9 +279,36 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   const SteppedDescriptor smem_desc = SteppedDescriptor::at(base, 0, kSwizzleAtomBytes);
   const uint32_t wg_rows = uniform_warpgroup(tid) * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
 
+  // Step `at`'s stage has landed; varlen: the rows past the sequence are the next one's, or tokens of no sequence
+  // (anything, NaN too). Their P^T is masked to 0, their D is finite (bwd_preprocess); zero their Q and dO, so 0
+  // times them stays 0 in dS^T, dV and dK.
+  auto stage_ready = [&](int at) {
+    const int stage = at % kHQStages, m0 = (m_first + at % m_count) * kHBlockM;
+    mbarrier_wait(full_bars + 8 * stage, (at / kHQStages) & 1);
+    if (cu_q != nullptr && m0 + kHBlockM > sq.y) {
+      zero_tile_rows<kHBlockM, kD / 64, kThreads>(q_t + stage * kHQBytes, sq.y - m0, tid);
+      zero_tile_rows<kHBlockM, kDv / 64, kThreads>(do_t + stage * kHDoBytes, sq.y - m0, tid);
+      fence_proxy_async_shared();
+      __syncthreads();
+    }
+  };
+  // S^T (64 keys x kHSubM queries per warpgroup) and, kHScoresAhead, the next step's, issued a step ahead into
+  // registers of its own: wgmma accumulators that ordinary instructions also define (P^T is formed in place) make
+  // ptxas serialise every wgmma of the kernel.
+  float s[kHSubM / 2], s_ahead[kHSubM / 2];
+  // S^T = K Q^T of step `at`'s stage (queries q0..): A = this warpgroup's K rows, B = Q read K-major. From an opaque
+  // base (see the step's descriptors).
+  auto issue_scores = [&](int at, int q0) {  // s_ahead fenced before the first product in flight
+    const SteppedDescriptor d = smem_desc.opaque();
+    wgmma_fence();
+    h_issue_nt<kHSubM, kD, kHBlockN, kHBlockM>(s_ahead, d.tile(k_t - base + wg_rows, 16),
+                                               d.tile(q_t - base + (at % kHQStages) * kHQBytes + q0 * kHRowBytes, 16));
+    wgmma_commit();
+  };
+
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kHQStages; ++s) mbarrier_init(full_bars + 8 * s, 1);  // thread 0's arrival + the bytes
+    for (int st = 0; st < kHQStages; ++st) mbarrier_init(full_bars + 8 * st, 1);  // thread 0's arrival + the bytes
   }
   __syncthreads();  // the mbarriers are initialised before anyone arrives or waits
   StepCursor load_at{hk * group, m_first * kHBlockM};
@@ -290,24 +321,24 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   cp_async_wait<0>();  // K, V (this thread's copies)
   fence_proxy_async_shared();
   __syncthreads();  // everyone's
+  if constexpr (kHScoresAhead) {
+    if (steps > 0) {
+      stage_ready(0);
+      fence_operands(s_ahead);
+      issue_scores(0, 0);
+      wgmma_wait<0>();
+      fence_operands(s_ahead);
+    }
+  }
 
   for (int step = 0; step < steps; ++step) {
     const int stage = step % kHQStages;
     const int h = hk * group + step / m_count;
     const int m0 = (m_first + step % m_count) * kHBlockM;
     const uint32_t q_stage = stage * kHQBytes, do_stage = stage * kHDoBytes;  // byte offsets of this step's stage
-    mbarrier_wait(full_bars + 8 * stage, (step / kHQStages) & 1);  // the stage's boxes landed
+    if constexpr (!kHScoresAhead) stage_ready(step);  // else when its S^T was issued
     const float* lses = stats_s + stage * (kHStatsBytes / 4) + (sq.x & 3);  // this step's lse2 rows (m0 % 4 = 0)
     const float* dvs = lses + kHStatsRows;  // and its D rows
-    if (cu_q != nullptr && m0 + kHBlockM > sq.y) {
-      // varlen: the rows past the sequence are the next one's, or tokens of no sequence (anything, NaN too). Their
-      // P^T is masked to 0, their D is finite (bwd_preprocess); zero their Q and dO, so 0 times them stays 0 in
-      // dS^T, dV and dK.
-      zero_tile_rows<kHBlockM, kD / 64, kThreads>(q_t + q_stage, sq.y - m0, tid);
-      zero_tile_rows<kHBlockM, kDv / 64, kThreads>(do_t + do_stage, sq.y - m0, tid);
-      fence_proxy_async_shared();
-      __syncthreads();
-    }
     const uint32_t ds_cur = ds_t + (step % kHDsBuffers) * kHDsBytes;  // this step's dS^T buffer
     // This step's operand descriptors, each one add from the base: this warpgroup's K / V rows (the A of S^T /
     // dP^T), Q and dO read K-major (the B of S^T / dP^T) and MN-major (the B of dK / dV, leading offset one
@@ -324,7 +355,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
     const SteppedDescriptor k_mnmajor = step_desc.tile(k_t - base, kHKBytes);
     const bool full = vis.tile_all_visible(m0, m0 + kHBlockM, n0, n0 + kHBlockN);
 
-    float s[kHSubM / 2], dp[kHSubM / 2];
+    float dp[kHSubM / 2];
     uint32_t p_frag[kHSubM / 16][4], ds_frag[kHSubM / 16][4];
     // After a wgmma_wait: the accumulators and this step's register A fragments are settled values again.
     auto fence_step_operands = [&]() {
@@ -339,12 +370,19 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
 #pragma unroll
     for (int sub = 0; sub < kHSubSteps; ++sub) {
       const int q0 = sub * kHSubM;  // the sub-step's first query within the step
-      // ---- S^T, dP^T (64 keys x kHSubM queries per warpgroup), one wgmma group each
-      fence_operands(s);
-      fence_operands(dp);
-      wgmma_fence();
-      h_issue_nt<kHSubM, kD, kHBlockN, kHBlockM>(s, k_rows, q_kmajor.plus(q0 * kHRowBytes));
-      wgmma_commit();
+      // ---- S^T (unless issued a step ahead), dP^T (64 keys x kHSubM queries per warpgroup), one wgmma group each
+      if constexpr (!kHScoresAhead) {
+        fence_operands(s);
+        fence_operands(dp);
+        wgmma_fence();
+        h_issue_nt<kHSubM, kD, kHBlockN, kHBlockM>(s, k_rows, q_kmajor.plus(q0 * kHRowBytes));
+        wgmma_commit();
+      } else {
+#pragma unroll
+        for (int i = 0; i < kHSubM / 2; ++i) s[i] = s_ahead[i];
+        fence_operands(dp);
+        wgmma_fence();
+      }
       h_issue_nt<kHSubM, kDv, kHBlockN, kHBlockM>(dp, v_rows, do_kmajor.plus(q0 * kHRowBytes));
       wgmma_commit();
       // One dS^T buffer: both warpgroups' dQ of the previous step has read it (retired) before it is written.
@@ -457,11 +495,22 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
       const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? wg : 0;  // 64-column block
       float dq[32];
       fence_operands(dq);
+      if constexpr (kHScoresAhead) fence_operands(s_ahead);  // the next step's S^T, issued while dQ runs
       wgmma_fence();
       h_issue_dq(dq, ds_rows, k_mnmajor.plus(col_tile * kHKSubBytes));
       wgmma_commit();
-      wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
-      fence_step_operands();
+      if constexpr (kHScoresAhead) {
+        if (step + 1 < steps) {  // uniform
+          stage_ready(step + 1);
+          issue_scores(step + 1, 0);
+          wgmma_wait<1>();  // dQ retired; the next S^T runs on under dQ's trip to the TMA
+        } else {
+          wgmma_wait<0>();
+        }
+      } else {
+        wgmma_wait<0>();  // dV, dK and dQ retired: their register operands may be reused
+      }
+      if constexpr (!kHScoresAhead) fence_step_operands();  // else retired and fenced before dQ (kHRetireBeforeDq)
       fence_operands(dq);
       if constexpr (kHDqTma) {
         // rows q_row, q_row + 8 (past the sequence: zeros, the box adds them to rows that exist; only a step at the
@@ -510,6 +559,10 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
           if (m0 + q_row + 8 < sq.y) red_add_f32x2(dst + 8 * kD + j * 8, dq[4 * j + 2], dq[4 * j + 3]);
         }
       }
+    }
+    if constexpr (kHScoresAhead) {
+      wgmma_wait<0>();  // the next step's S^T retired here: no product is in flight across the loop's back edge
+      fence_operands(s_ahead);
     }
   }
 

@@ -6,7 +6,8 @@
    hidden 2048 (heads = 2048 // head_dim), bf16, seqlens 512..16k, head dims 64 and 128, causal and
    not. The backward alone is timed: ours calls ``attention_backward`` on the forward kernel's
    ``out``/``lse``; the peers run ``torch.autograd.grad`` on a retained forward graph. TFLOP/s =
-   2.5 * 4 * B * H * S^2 * D / time (halved for causal); time is the median of ``triton.testing.do_bench``.
+   2.5 * 4 * B * H * S^2 * D / time (halved for causal); the implementations of a shape are timed in turns,
+   ``bench_timing.ROUNDS`` rounds, a row the median of its rounds, a ratio the median of the per-round ratios.
    ``ours_det`` is ``deterministic=True`` (separate dQ pass, no atomics).
 2. Fine-tuning tokens/s of a Llama-3.2-1B-shaped model (hidden 2048, 32 query / 8 KV heads of 64,
    bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``.
@@ -38,6 +39,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_timing import median_ms, speed_ratio, time_ms, time_rounds  # noqa: E402
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -46,12 +50,6 @@ QUICK_SEQLENS = (2048, 16384)
 FLEX_SEQLENS = (2048, 16384)  # the peers' table in the GPU notes has Flex at these
 HEAD_DIMS = (64, 128)
 BWD_FLOP_FACTOR = 2.5  # backward = 2.5x the forward's 4 * B * H * S^2 * D
-
-
-def _time_ms(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
 def _bwd_tflops(batch, heads, seqlen, head_dim, causal, ms) -> float:
@@ -148,18 +146,23 @@ def _time_panel(results: list, impls: dict, base: dict, flops: tuple) -> None:
     """Time each implementation of one shape (``flops`` = batch, heads, seqlen, head_dim, causal), record its
     TFLOP/s, its max |gradient difference| to SDPA flash's and each of ours' ratio to each peer."""
     panel, seqlen = base["panel"], base["seqlen"]
-    speeds, grads = {}, {}
+    fns, grads = {}, {}
     for name, make in impls.items():
         try:
             fn = make()
             got = fn()
             grads[name] = got if name.startswith("ours") else [g.transpose(1, 2) for g in got]  # (B, S, H, D)
-            ms = _time_ms(fn)
+            fns[name] = fn
         except Exception as exc:  # a peer missing for this shape is reported, not fatal
             results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+    timed = {}
+    for name, times in time_rounds(fns).items():  # in turns: the same clock state for each
+        if isinstance(times, Exception):
+            results.append(dict(base, series=name, value=None, error=f"{type(times).__name__}: {times}"[:200]))
             continue
-        speeds[name] = _bwd_tflops(*flops, ms)
-        results.append(dict(base, series=name, value=speeds[name], ms=ms))
+        timed[name] = times
+        ms = median_ms(times)
+        results.append(dict(base, series=name, value=_bwd_tflops(*flops, ms), ms=ms))
     mine = [name for name in grads if name.startswith("ours") and name != "ours_det"]
     for name in mine if "sdpa_flash" in grads else []:
         # peers on repeated K/V (GQA shapes) return per-query-head dK/dV: sum them back over each group
@@ -168,10 +171,11 @@ def _time_panel(results: list, impls: dict, base: dict, flops: tuple) -> None:
         diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads[name], theirs))
         next(r for r in results if r is not None and r.get("series") == name and r.get("panel") == panel
              and r.get("seqlen") == seqlen)["max_abs_grad_diff_vs_sdpa_flash"] = diff  # fmt: skip
-    for name in [m for m in mine if m in speeds]:
-        for peer, value in speeds.items():
+    for name in [m for m in mine if m in timed]:
+        for peer, times in timed.items():
             if not peer.startswith("ours"):
-                results.append(dict(base, series=f"{name}/{peer}", value=speeds[name] / value, unit="ratio"))
+                ratio, low, high = speed_ratio(timed[name], times)
+                results.append(dict(base, series=f"{name}/{peer}", value=ratio, spread=(low, high), unit="ratio"))
 
 
 def run_kernels(results: list, quick: bool = False, head_dims: tuple = HEAD_DIMS) -> None:
@@ -297,7 +301,7 @@ def sweep_configs(results: list, seqlen: int = 4096) -> None:
                 if reference is None:
                     reference = grads
                 diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(grads, reference))
-                ms = _time_ms(call)
+                ms = time_ms(call)
                 results.append(dict(part="backward", panel="bwd tile sweep", series=label,
                                     head_dim=head_dim, seqlen=seqlen_now, causal=causal, x=seqlen_now, unit="TFLOP/s",
                                     value=_bwd_tflops(batch, heads, seqlen_now, head_dim, causal, ms), ms=ms,
@@ -494,6 +498,7 @@ def _print(rows: list) -> None:
     for r in rows:
         value = "-" if r.get("value") is None else f"{r['value']:.4g}"
         extra = f"  {r['error']}" if "error" in r else ""
+        extra += f"  rounds {r['spread'][0]:.3f}-{r['spread'][1]:.3f}" if "spread" in r else ""
         extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
         extra += f"  diff_vs_default={r['max_abs_diff_vs_default']:.3g}" if "max_abs_diff_vs_default" in r else ""
         extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""

@@ -5,10 +5,11 @@
 FlashAttention's benchmark configuration: 16k tokens per batch (batch = 16384 // seqlen), hidden
 2048 (heads = 2048 // head_dim), bf16, seqlens 512..16k, head dims 64 and 128, causal and not.
 Tensors are ``(B, S, H, D)``; the peers get ``transpose(1, 2)`` views of the same memory.
-TFLOP/s = 4 * B * H * S^2 * D / time (halved for causal); time is the median of
-``triton.testing.do_bench``. ``run(results, quick)`` appends one dict per (implementation, shape)
-for ``scripts/bench.py``; ``--sweep`` also times the alternative tile shapes of :data:`CANDIDATE_SHAPES`
-(passed to the kernel layer explicitly: nothing selects kernels by environment).
+TFLOP/s = 4 * B * H * S^2 * D / time (halved for causal); the implementations of a shape are timed in turns,
+``bench_timing.ROUNDS`` rounds (each the median of ``triton.testing.do_bench``), and a row is the median of its
+rounds; a ratio row is the median of the per-round ratios, its range printed beside it. ``run(results, quick)``
+appends one dict per (implementation, shape) for ``scripts/bench.py``; ``--sweep`` also times the alternative tile
+shapes of :data:`CANDIDATE_SHAPES` (passed to the kernel layer explicitly: nothing selects kernels by environment).
 
 Multi-head latent attention (DeepSeek-V3: q/k head dim 192, v head dim 128, :data:`MLA_DIMS`): ours is the
 public ``flash_attn_func`` (on Hopper the native 192/128 kernel, elsewhere zero-padding to head dim 256,
@@ -27,6 +28,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_timing import median_ms, speed_ratio, time_ms, time_rounds  # noqa: E402
 
 TOKENS = 16384
 HIDDEN = 2048
@@ -35,12 +39,6 @@ QUICK_SEQLENS = (2048, 16384)
 HEAD_DIMS = (64, 128)
 MLA_DIMS = (192, 128)  # DeepSeek-V3's q/k and v head dims
 MLA_HEADS = 16  # 16k tokens of 16 heads, as the d128 rows have (hidden 2048 / 128)
-
-
-def _time_ms(fn) -> float:
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
 def _tflops(batch, heads, seqlen, head_dim, causal, ms) -> float:
@@ -105,22 +103,23 @@ def run(results: list, quick: bool = False) -> None:
                 panel = f"fwd d{head_dim} {'causal' if causal else 'full'}"
                 base = dict(part="forward", panel=panel, head_dim=head_dim, seqlen=seqlen, causal=causal, x=seqlen,
                             unit="TFLOP/s")  # fmt: skip
-                speeds = {}
-                for name, fn in {**ours_variants, **peers}.items():
-                    try:
-                        ms = _time_ms(fn)
-                    except Exception as exc:  # a peer backend missing for this shape is reported, not fatal
-                        results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+                rounds = time_rounds({**ours_variants, **peers})  # in turns: the same clock state for each
+                for name, times in rounds.items():
+                    if isinstance(times, Exception):  # a peer backend missing for this shape is reported, not fatal
+                        results.append(dict(base, series=name, value=None, error=f"{type(times).__name__}: {times}"[:200]))
                         continue
-                    speeds[name] = _tflops(batch, heads, seqlen, head_dim, causal, ms)
-                    row = dict(base, series=name, value=speeds[name], ms=ms)
+                    ms = median_ms(times)
+                    row = dict(base, series=name, value=_tflops(batch, heads, seqlen, head_dim, causal, ms), ms=ms)
                     if name in max_diffs:
                         row["max_abs_diff_vs_sdpa_flash"] = max_diffs[name]
                     results.append(row)
-                for mine in [name for name in ours_variants if name in speeds]:
-                    for name, value in speeds.items():
+                timed = {name: times for name, times in rounds.items() if not isinstance(times, Exception)}
+                for mine in [name for name in ours_variants if name in timed]:
+                    for name, times in timed.items():
                         if not name.startswith("ours"):
-                            results.append(dict(base, series=f"{mine}/{name}", value=speeds[mine] / value, unit="ratio"))
+                            ratio, low, high = speed_ratio(timed[mine], times)
+                            results.append(dict(base, series=f"{mine}/{name}", value=ratio, spread=(low, high),
+                                                unit="ratio"))  # fmt: skip
                 del q, k, v
                 torch.cuda.empty_cache()
     run_value_head_dim(results, quick)
@@ -152,7 +151,7 @@ def run_value_head_dim(results: list, quick: bool = False) -> None:
             for name, fn in impls.items():
                 try:
                     outs[name] = fn()
-                    ms = _time_ms(fn)
+                    ms = time_ms(fn)
                 except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
                     results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
                     continue
@@ -199,14 +198,14 @@ def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
             batch, heads, q, k, v = _inputs(seqlen, head_dim)
             for causal in (False, True):
                 reference = _sdpa(q, k, v, causal, "flash")().transpose(1, 2).float()  # (B, S, H, D)
-                cudnn_ms = _time_ms(_sdpa(q, k, v, causal, "cudnn"))
+                cudnn_ms = time_ms(_sdpa(q, k, v, causal, "cudnn"))
                 results.append(dict(part="forward", panel="tile sweep", series="sdpa cudnn", head_dim=head_dim,
                                     seqlen=seqlen, causal=causal,
                                     value=_tflops(batch, heads, seqlen, head_dim, causal, cudnn_ms), unit="TFLOP/s"))
                 for shape in shapes:
                     fn = _ours(q, k, v, causal, shape)
                     max_diff = (fn()[0].float() - reference).abs().max().item()
-                    ms = _time_ms(fn)
+                    ms = time_ms(fn)
                     default = shape == forward_tile_shape(head_dim, _arch(), has_mask=causal)
                     results.append(dict(part="forward", panel="tile sweep", series=_shape_name(shape),
                                         head_dim=head_dim, seqlen=seqlen, causal=causal, default=default,
@@ -228,6 +227,7 @@ def _print(rows: list) -> None:
         extra = f"  maxdiff={r['max_abs_diff_vs_sdpa_flash']:.3g}" if "max_abs_diff_vs_sdpa_flash" in r else ""
         extra += f"  maxdiff={r['max_abs_diff_vs_sdpa']:.3g}" if "max_abs_diff_vs_sdpa" in r else ""
         extra += f"  {r['error']}" if "error" in r else ""
+        extra += f"  rounds {r['spread'][0]:.3f}-{r['spread'][1]:.3f}" if "spread" in r else ""
         extra += "  (default)" if r.get("default") else ""
         print(f"{r['series'][:28]:<28} {r['head_dim']:>4} {r['seqlen']:>6} {str(r['causal']):>6} {value:>9} "
               f"{r['unit']}{extra}")  # fmt: skip

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -89,8 +90,12 @@ def shipped_builds() -> dict:
         for dtype_name, dtype in DTYPES.items():
             for d in HEAD_DIMS:
                 for mask in (False, True):
-                    config = forward_config(d, dtype_name, mask, arch)
-                    builds[f"fwd/{arch}/{dtype_name}/d{d}/mask{int(mask)}"] = config.build(arch)
+                    key = f"fwd/{arch}/{dtype_name}/d{d}/mask{int(mask)}"
+                    builds[key] = forward_config(d, dtype_name, mask, arch).build(arch)
+                    if "one_cta_per_tile" in inspect.signature(forward_config).parameters:  # the Hopper walk's form
+                        build = forward_config(d, dtype_name, mask, arch, one_cta_per_tile=True).build(arch)
+                        if build != builds[key]:
+                            builds[f"{key}/one_cta_per_tile"] = build
                 for softcap in (False, True):
                     for det in (False, True):
                         config = backward_config(d, dtype, softcap, arch, deterministic=det)

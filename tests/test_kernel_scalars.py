@@ -8,6 +8,7 @@ The expected values are the launchers' own formulas as they were before score sc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -199,7 +200,30 @@ def test_hopper_forward_schedule_decisions():
     assert schedule(16384, 128, 16) == heuristics.HopperSchedule(128 * 16)  # no walk beats the hardware's order
     assert schedule(2048, 128, 512) == heuristics.HopperSchedule(16 * 512)  # past MODELLED_MAX_TILES: not modelled
     assert schedule(4096, 192, 64, kv_bytes=4 << 20) == heuristics.HopperSchedule(22 * 64)  # 16 pairs' K/V: 64 MB
+    assert schedule(2048, 128, 128).one_cta_per_tile(16 * 128) is False
+    assert schedule(16384, 128, 16).one_cta_per_tile(128 * 16) and schedule(512, 128, 8).one_cta_per_tile(32)
     # the model: the snake deals 2k causal tiles (section 1: pair-major) out within 3.2 % of the ideal makespan
     weights = [m + 2.0 for m in reversed(range(16))]  # 16 tiles per pair: m + 1 key tiles, + 1 overhead
     ideal = sum(weights) * 128 / 132
     assert heuristics._snake_makespan(weights, 128, 1, 132) / ideal < 1.032
+
+
+@pytest.mark.parametrize("head_dim, masked", [(128, True), (128, False), (64, True), (64, False)])
+def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
+    """Q by the TMA serves a walk of several works per CTA; with one CTA per work tile the two-math-warpgroup shape
+    (masked d128, whose Q thread costs the math threads registers) has its math warps copy Q, every other field
+    unchanged, and both builds are shipped. d64 (three math warpgroups) and unmasked d128 keep one shape."""
+    from hf_flashpatch.kernels import forward, heuristics
+
+    walking = heuristics.forward_tile_shape(head_dim, "sm_90a", masked)
+    one_each = heuristics.forward_tile_shape(head_dim, "sm_90a", masked, one_cta_per_tile=True)
+    if (head_dim, masked) == (128, True):
+        assert walking.q_by_tma and not one_each.q_by_tma
+        assert dataclasses.replace(one_each, q_by_tma=True) == walking
+    else:
+        assert one_each == walking
+    builds = forward.all_builds("sm_90a")
+    for shape in (walking, one_each):
+        config = forward.ForwardConfig.for_problem(head_dim, "bf16", masked, shape, arch="sm_90a")
+        assert config.build("sm_90a") in builds
+

@@ -161,14 +161,16 @@ class ForwardConfig:
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every build shipped for ``arch``: dtype x head dim (and the v head dims of their own the arch's kernels
-    take) x masking (the CI compile check walks this list)."""
+    take) x masking x the Hopper walk's two forms (the CI compile check walks this list)."""
     dims = [(head_dim, None) for head_dim in SUPPORTED_HEAD_DIMS]
     dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
     builds = [
-        ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch, head_dim_v=head_dim_v).build(arch)
+        ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v).build(arch)
         for dtype in ("bf16", "fp16")
         for head_dim, head_dim_v in dims
         for has_mask in (False, True)
+        for shape in dict.fromkeys(forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
+                                   for one_cta_per_tile in (False, True))  # fmt: skip
     ]
     return list(dict.fromkeys(builds))
 
@@ -245,7 +247,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
             window_left, window_right, softcap, shape: TileShape | None = None,
             schedule: HopperSchedule | None = None):  # fmt: skip
     """Allocate ``out``/``lse`` and run the kernel. Layouts as in the module docstring. ``shape`` / ``schedule``:
-    another tile shape / Hopper grid and work order than the heuristics' (benchmarks and tests)."""
+    another tile shape / Hopper grid and work order than the heuristics' (benchmarks and tests); a ``shape`` given
+    is launched as it is, whatever the walk."""
     _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
@@ -255,8 +258,6 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     arch = device_arch(q.device)
     if head_dim_v != head_dim and not native_value_head_dim(head_dim, head_dim_v, arch):
         raise KernelUnsupported(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
-    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], left >= 0 or right >= 0, shape, arch,
-                                       head_dim_v)  # fmt: skip
 
     out = q.new_empty((*q.shape[:-1], head_dim_v))  # (B, S_q, H, D_v) or (T_q, H, D_v), contiguous
     if varlen:
@@ -291,19 +292,25 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         scale, softcap = _ZERO_SCALE, 0.0
     scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
 
-    kernel = get_kernel(config.build(arch), config.entry, q.device)
-    k, v, k_tma, v_tma = _tensor_maps(config, k, v)
-    q_tma, q_box_heads = _query_map(config, q, group)
-    m_blocks = math.ceil(seqlen_q * group / config.block_m)
+    masked = left >= 0 or right >= 0
+    chosen = shape or forward_tile_shape(head_dim, arch, masked, head_dim_v)
+    m_blocks = math.ceil(seqlen_q * group / chosen.block_m)
     section = 0
-    if config.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
+    if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
-        walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, config.block_m, config.block_n, left,
+        walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
                                                    right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
                                                    kv_bytes)  # fmt: skip
         grid, section = (walk.ctas, 1, 1), walk.section
+        if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
+            chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
     else:
         grid = (m_blocks, kv_heads, num_seqs)
+    config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], masked, chosen, arch, head_dim_v)
+
+    kernel = get_kernel(config.build(arch), config.entry, q.device)
+    k, v, k_tma, v_tma = _tensor_maps(config, k, v)
+    q_tma, q_box_heads = _query_map(config, q, group)
     kernel(
         grid, (config.threads, 1, 1),
         k_tma, v_tma, q_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,

@@ -29,6 +29,7 @@ Every shipped shape compiles without register spills (``tests/test_*_compile.py`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -57,8 +58,9 @@ class TileShape:
 # each. (head dim, masked) -> shape.
 # - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V. Unmasked: 176-key
 #   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
-#   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers), which
-#   the unmasked 176-key build does not gain from (notes/forward.md, decision log).
+#   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers) where a
+#   CTA walks several works (forward_tile_shape); the unmasked 176-key build does not gain from it (notes/forward.md,
+#   decision log).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
 #   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
 #   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
@@ -89,17 +91,24 @@ def native_value_head_dim(head_dim: int, head_dim_v: int, arch: str) -> bool:
     return arch == "sm_90a" and (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES
 
 
-def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False,
-                       head_dim_v: int | None = None) -> TileShape:  # fmt: skip
+def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False, head_dim_v: int | None = None,
+                       one_cta_per_tile: bool = False) -> TileShape:  # fmt: skip
     """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window; ``head_dim_v``:
-    v's head dim where it differs, see :data:`HOPPER_VALUE_HEAD_DIM_SHAPES`). The wgmma bodies serve head dims
-    64 and 128 on sm_90a; every other case takes the mma.sync table."""
+    v's head dim where it differs, see :data:`HOPPER_VALUE_HEAD_DIM_SHAPES`; ``one_cta_per_tile``: the Hopper walk
+    :func:`hopper_forward_schedule` chose gives every CTA one work tile). The wgmma bodies serve head dims 64 and
+    128 on sm_90a; every other case takes the mma.sync table."""
     if head_dim_v is not None and head_dim_v != head_dim:
         if not native_value_head_dim(head_dim, head_dim_v, arch):
             raise ValueError(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
         return HOPPER_VALUE_HEAD_DIM_SHAPES[(head_dim, head_dim_v)]
     if arch == "sm_90a" and (head_dim, has_mask) in HOPPER_SHAPES:
-        return HOPPER_SHAPES[(head_dim, has_mask)]
+        shape = HOPPER_SHAPES[(head_dim, has_mask)]
+        if one_cta_per_tile and shape.q_by_tma and shape.block_m == 128:
+            # Q by the TMA pays by loading the next work's Q under this one's last products; a CTA with one work
+            # has none, and with two math warpgroups the Q thread's registers cost the math threads 8 (232, not
+            # 240): the math warps copy Q themselves.
+            return dataclasses.replace(shape, q_by_tma=False)
+        return shape
     return mma_tile_shape(head_dim)
 
 
@@ -111,6 +120,10 @@ class HopperSchedule:
 
     ctas: int
     section: int = 0
+
+    def one_cta_per_tile(self, tiles: int) -> bool:
+        """Whether every CTA of this walk over ``tiles`` work tiles takes one."""
+        return self.ctas >= tiles
 
 
 # The L2 (50 MB on the H200) holds the K/V of the pairs a sectioned walk has in flight with room to spare.
@@ -317,11 +330,14 @@ def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_
 # ============================================================================ configs of whole problems
 
 
-def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str, head_dim_v: int | None = None):
-    """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16")."""
+def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str, head_dim_v: int | None = None,
+                   one_cta_per_tile: bool = False):  # fmt: skip
+    """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16"; ``one_cta_per_tile``:
+    the Hopper walk's, see :func:`forward_tile_shape`)."""
     from .forward import ForwardConfig
 
-    return ForwardConfig.for_problem(head_dim, dtype, has_mask, arch=arch, head_dim_v=head_dim_v)
+    shape = forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
+    return ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v)
 
 
 def backward_config(head_dim: int, dtype, softcap: bool, arch: str, deterministic: bool = False,

@@ -1,0 +1,47 @@
+"""Timing shared by the benchmarks: the implementations of one shape timed in turns, several rounds.
+
+A GPU's clock follows its temperature and power draw over seconds, so two timings taken one after the other
+compare two clock states: on the H200 the 16k rows' ratio to cuDNN moved by about 7 % between runs of the same
+kernels. Timing every implementation of a shape once per round, ``ROUNDS`` rounds in turn, gives each the same
+conditions. A row reports the median of its rounds; a ratio reports the median of the per-round ratios and their
+range (``spread``), which says how far one reading can be trusted.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+ROUNDS = 5
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of ``fn`` over about 40 ms of calls (``triton.testing.do_bench``)."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, list[float] | Exception]:
+    """``{name: milliseconds of each round}``, the names timed in turn in every round; an implementation that
+    raises (a peer backend missing for this shape) maps to its exception and is not timed again."""
+    times: dict[str, list[float] | Exception] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if isinstance(times[name], Exception):
+                continue
+            try:
+                times[name].append(time_ms(fn))
+            except Exception as exc:  # noqa: BLE001 - reported by the caller as the row's error
+                times[name] = exc
+    return times
+
+
+def median_ms(rounds: list[float]) -> float:
+    return statistics.median(rounds)
+
+
+def speed_ratio(mine: list[float], theirs: list[float]) -> tuple[float, float, float]:
+    """(median, lowest, highest) over the rounds of ``theirs / mine`` milliseconds: > 1 where mine is faster."""
+    ratios = [t / m for m, t in zip(mine, theirs)]
+    return statistics.median(ratios), min(ratios), max(ratios)
