@@ -10,7 +10,9 @@
    ``bench_timing.ROUNDS`` rounds, a row the median of its rounds, a ratio the median of the per-round ratios.
    ``ours_det`` is ``deterministic=True`` (separate dQ pass, no atomics).
 2. Fine-tuning tokens/s of a Llama-3.2-1B-shaped model (hidden 2048, 32 query / 8 KV heads of 64,
-   bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``.
+   bf16 weights, random init), one sequence of 4k and 16k tokens, forward + backward, ``hfpatch`` vs ``sdpa``; the
+   backends' steps are timed in turns, ``TRAINING_ROUNDS`` rounds, and ``hfpatch/sdpa`` is the median of the
+   per-round ratios (its range printed).
 3. ``--max-seqlen``: the longest sequence (multiple of 4096 up to 160k, binary search) for which one training step
    of that model with gradient checkpointing fits in GPU memory, ``hfpatch`` vs ``sdpa``.
 
@@ -31,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -48,6 +51,7 @@ HIDDEN = 2048
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 QUICK_SEQLENS = (2048, 16384)
 FLEX_SEQLENS = (2048, 16384)  # the peers' table in the GPU notes has Flex at these
+TRAINING_ROUNDS = 3  # the fine-tune rows: each backend's steps timed in turns, a row the median of its rounds
 HEAD_DIMS = (64, 128)
 BWD_FLOP_FACTOR = 2.5  # backward = 2.5x the forward's 4 * B * H * S^2 * D
 
@@ -370,15 +374,23 @@ def run_training(results: list, quick: bool = False) -> None:
     layers = 4 if quick else 16
     series = (("sdpa", "sdpa", nullcontext), ("sdpa[flash]", "sdpa", lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
               (ATTN_NAME, ATTN_NAME, nullcontext))  # fmt: skip
-    for name, attn, context in series:
-        model = _llama_1b(layers, attn)
-        for seqlen in (4096, 16384):
-            with context():
-                tok_s = _tokens_per_s(lambda: _train_step(model, seqlen), seqlen)
-            results.append(dict(part="backward", panel=f"llama-1b-shape {layers} layers fwd+bwd", series=name,
-                                seqlen=seqlen, head_dim=64, causal=True, x=seqlen, value=tok_s, unit="tokens/s"))  # fmt: skip
-        del model
-        torch.cuda.empty_cache()
+    models = {name: (_llama_1b(layers, attn), context) for name, attn, context in series}  # the same initial weights
+    panel = f"llama-1b-shape {layers} layers fwd+bwd"
+    for seqlen in (4096, 16384):
+        rounds: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(TRAINING_ROUNDS):  # in turns, as the kernel rows (bench_timing): the same clock state for each
+            for name, (model, context) in models.items():
+                with context():
+                    rounds[name].append(_tokens_per_s(lambda: _train_step(model, seqlen), seqlen))
+        for name, values in rounds.items():
+            results.append(dict(part="backward", panel=panel, series=name, seqlen=seqlen, head_dim=64, causal=True,
+                                x=seqlen, value=statistics.median(values), unit="tokens/s"))  # fmt: skip
+        ratios = [ours / theirs for ours, theirs in zip(rounds[ATTN_NAME], rounds["sdpa"])]
+        results.append(dict(part="backward", panel=panel, series=f"{ATTN_NAME}/sdpa", seqlen=seqlen, head_dim=64,
+                            causal=True, x=seqlen, value=statistics.median(ratios), spread=(min(ratios), max(ratios)),
+                            unit="ratio"))  # fmt: skip
+    del models
+    torch.cuda.empty_cache()
 
 
 def _packed_documents(total: int, seed: int = 0) -> list[int]:
@@ -501,7 +513,7 @@ def _print(rows: list) -> None:
         extra += f"  rounds {r['spread'][0]:.3f}-{r['spread'][1]:.3f}" if "spread" in r else ""
         extra += f"  maxdiff={r['max_abs_grad_diff_vs_sdpa_flash']:.3g}" if "max_abs_grad_diff_vs_sdpa_flash" in r else ""
         extra += f"  diff_vs_default={r['max_abs_diff_vs_default']:.3g}" if "max_abs_diff_vs_default" in r else ""
-        extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") else ""
+        extra += f"  [{r['panel']}]" if r["unit"] in ("tokens/s", "tokens", "") or "llama" in r.get("panel", "") else ""
         # rows such as the packed batch's loss carry no head dim / seqlen / causal
         print(f"{r['series'][:22]:<22} {r.get('head_dim', '-'):>4} {r.get('seqlen', '-'):>6} "
               f"{str(r.get('causal', '-')):>6} {value:>10} {r['unit']}{extra}")  # fmt: skip
