@@ -22,6 +22,8 @@
 //                     warpgroups swapping shares from step to step.
 //                     d64 / d128: dQ goes through shared memory to the TMA, which adds it to the fp32
 //                     workspace (kHDqTma); 192/128 adds it with reductions from registers, as the other bodies.
+//   d128 (no softcap): the next step's S^T is issued right after dQ and runs under dQ's stores (kHScoresAhead),
+//                     so a step starts with dP^T on scores already retired.
 // At 192/128 dK (96 registers) and dV (64) leave room for S^T / dP^T of 32 queries only: each 64-query step
 // runs S^T .. dK in two sub-steps of 32 queries (kHSubM), each retiring its dV / dK before the next.
 // Q/dO stages (with the steps' lse2 and D rows) are copied by the TMA, one thread issuing them two steps ahead,

@@ -147,23 +147,28 @@ def run_value_head_dim(results: list, quick: bool = False) -> None:
                      "sdpa": lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)}  # fmt: skip
             base = dict(part="forward", panel=f"fwd d{head_dim}/{head_dim_v} {'causal' if causal else 'full'}",
                         head_dim=f"{head_dim}/{head_dim_v}", seqlen=seqlen, causal=causal, x=seqlen, unit="TFLOP/s")  # fmt: skip
-            speeds, outs = {}, {}
+            fns, outs = {}, {}
             for name, fn in impls.items():
                 try:
                     outs[name] = fn()
-                    ms = time_ms(fn)
+                    fns[name] = fn
                 except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
                     results.append(dict(base, series=name, value=None, error=f"{type(exc).__name__}: {exc}"[:200]))
+            timed = {}
+            for name, times in time_rounds(fns).items():  # in turns: the same clock state for each
+                if isinstance(times, Exception):
+                    results.append(dict(base, series=name, value=None, error=f"{type(times).__name__}: {times}"[:200]))
                     continue
+                timed[name], ms = times, median_ms(times)
                 # the work at the native dims: Q K^T at 192 and P V at 128, i.e. 4 * ... * (192 + 128) / 2
-                speeds[name] = _tflops(batch, MLA_HEADS, seqlen, (head_dim + head_dim_v) / 2, causal, ms)
-                results.append(dict(base, series=name, value=speeds[name], ms=ms))
-            if "ours" in outs and "sdpa" in outs:
-                diff = (outs["ours"].float() - outs["sdpa"].float()).abs().max().item()
-                next(r for r in results if r.get("panel") == base["panel"] and r.get("seqlen") == seqlen
-                     and r.get("series") == "ours")["max_abs_diff_vs_sdpa"] = diff  # fmt: skip
-            if "ours" in speeds and "sdpa" in speeds:
-                results.append(dict(base, series="ours/sdpa", value=speeds["ours"] / speeds["sdpa"], unit="ratio"))
+                speed = _tflops(batch, MLA_HEADS, seqlen, (head_dim + head_dim_v) / 2, causal, ms)
+                row = dict(base, series=name, value=speed, ms=ms)
+                if name == "ours" and "sdpa" in outs:
+                    row["max_abs_diff_vs_sdpa"] = (outs["ours"].float() - outs["sdpa"].float()).abs().max().item()
+                results.append(row)
+            if "ours" in timed and "sdpa" in timed:
+                ratio, low, high = speed_ratio(timed["ours"], timed["sdpa"])
+                results.append(dict(base, series="ours/sdpa", value=ratio, spread=(low, high), unit="ratio"))
             del q, k, v, qt, kt, vt, impls, outs
             torch.cuda.empty_cache()
 
