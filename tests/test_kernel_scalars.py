@@ -227,3 +227,18 @@ def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
         config = forward.ForwardConfig.for_problem(head_dim, "bf16", masked, shape, arch="sm_90a")
         assert config.build("sm_90a") in builds
 
+
+
+@pytest.mark.parametrize("sms, walks", [(16, True), (132, False)])
+def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypatch, sms, walks):
+    """Causal d128, 8 (sequence, head) pairs of 8 query tiles: on 16 SMs the schedule walks (16 CTAs, sectioned),
+    and the launch takes the Q-thread build (its box heads, the last parameter, > 0); on 132 SMs every tile gets a
+    CTA and the math warps copy Q (box heads 0)."""
+    monkeypatch.setattr(forward, "sm_count", lambda device: sms)
+    built = []
+    monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": built.append(self))
+    q, k, v = (torch.zeros(2, 1024, 4, 128, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
+    forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
+    ((_entry, grid, args),) = recorder.launches
+    assert (grid[0] < 64) == walks
+    assert built[0].q_by_tma == walks and (args[-1] > 0) == walks  # FwdParams.q_box_heads
