@@ -139,10 +139,10 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // P V still runs (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles).
 // Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1) retires before S(i) is
 // issued. K and V of a ring slot are waited for and handed back apart (with one barrier a slot, the kernel's
-// callbacks make V's wait and K's release no-ops): `wait_keys(i)` waits until tile i's K is in its slot and returns the slot (K at k_ring + slot * kKBytes),
-// `wait_values(i)` until its V is (at v_ring + slot * kVBytes); `release_keys(i)` hands K back once S(i) retired,
-// `release_values(i)` V once P(i) V(i) did; `release_queries()` runs once every S = Q K^T retired (at once without
-// key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
+// callbacks make V's wait and K's release no-ops): `wait_keys(i)` waits until tile i's K is in its slot and
+// returns the slot (K at k_ring + slot * kKBytes), `wait_values(i)` until its V is (at v_ring + slot * kVBytes);
+// `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
+// runs once every S = Q K^T retired (at once without key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
 // t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
 // compiler from touching registers a wgmma owns between its issue and its wait.
 template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
