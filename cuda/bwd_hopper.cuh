@@ -26,11 +26,11 @@
 //                     so a step starts with dP^T on scores already retired.
 // At 192/128 dK (96 registers) and dV (64) leave room for S^T / dP^T of 32 queries only: each 64-query step
 // runs S^T .. dK in two sub-steps of 32 queries (kHSubM), each retiring its dV / dK before the next.
-// Q/dO stages (with the steps' lse2 and D rows) are copied by the TMA, one thread issuing them two steps ahead,
-// and handed over by per-stage mbarriers over three stages; at d128 dS^T is double-buffered, so the one point per
-// step where the warpgroups wait for each other is the barrier (B): both halves of dS^T are in shared memory (see
-// kHQStages below). d64 (dQ's staging takes the room) and 192/128 have one dS^T
-// buffer: a second barrier before a step's first dS^T store waits for the previous step's dQ of both warpgroups.
+// Q/dO stages (with the steps' lse2 and D rows) are copied by the TMA, one thread issuing them kHLoadAhead steps
+// ahead, and handed over by per-stage mbarriers (three stages at d128 and 192/128, two at d64); at d64 and d128 dS^T
+// is double-buffered, so the one point per step where the warpgroups wait for each other is the barrier (B): both
+// halves of dS^T are in shared memory (see kHQStages below). 192/128 has one dS^T buffer: a second barrier before a
+// step's first dS^T store waits for the previous step's dQ of both warpgroups.
 #pragma once
 #include "hopper.cuh"
 #include "tma.cuh"
@@ -73,21 +73,24 @@ constexpr bool kHRetireBeforeDq = kD == 128;
 // Without softcap, P^T is formed while dP^T runs and dS^T while dV runs; softcap needs 1 - tanh^2 of each
 // score for dS^T, so P^T and dS^T are formed in one pass after both products.
 constexpr bool kHPipelined = !HAS_SOFTCAP;
-// Three Q/dO (+ lse2, D) stages, each copied by the TMA (thread 0 announces the stage's bytes on its mbarrier and
+// Q/dO (+ lse2, D) stages, each copied by the TMA (thread 0 announces the stage's bytes on its mbarrier and
 // issues a box per 64 columns of Q and of dO and one box of the two statistics rows), and two dS^T buffers: no
 // block barrier at a step's start, so a warpgroup that finishes its dQ share first starts the next step's S^T /
-// dP^T, and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s: both warpgroups
-// are past it then. dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own.
-constexpr int kHQStages = 3;
+// dP^T, and the two warpgroups meet only at (B). Stage s - 1 is refilled after (B) of step s with step
+// s - 1 + kHQStages: both warpgroups are past it then (at d64 too, whose dV / dK of step s - 1 retire at its dQ
+// wait). dS^T of step s + 1 goes to the other buffer while dQ of step s may still read its own. d64 takes two
+// stages, loaded one step ahead, so that its second dS^T buffer fits beside dQ's staging.
+constexpr int kHQStages = kD == 64 ? 2 : 3;
+constexpr int kHLoadAhead = kHQStages - 1;  // a stage is loaded this many steps ahead
 // d128: the next step's S^T is issued as soon as this step's dQ product is, so the tensor cores compute it while dQ
 // goes through shared memory to the TMA, and the next step's P^T starts on scores already retired (its registers
 // are free then: dK, dV, dQ and S^T make 192 of them). d64 and 192/128 have no registers to spare for it.
 constexpr bool kHScoresAhead = kHPipelined && !kHValueOwn && kHDqSplit;
-constexpr int kHDsBuffers = kHValueOwn || kD == 64 ? 1 : 2;  // 192/128: two would take 239 KB; d64: dQ's staging
+constexpr int kHDsBuffers = kHValueOwn ? 1 : 2;  // 192/128: two would take 239 KB
 // d64 / d128: dQ leaves through shared memory, each warpgroup's 64 x 64 (d128: its columns, d64: its query rows)
 // as two 64-row x 32-column fp32 boxes (SW128), added to the workspace by the TMA (one thread,
-// tma::reduce_add_box), so the math warps issue no reductions. At d64 the 32 KB of staging takes the place of the
-// second dS^T buffer; 192/128 has no room and keeps the reductions from registers.
+// tma::reduce_add_box), so the math warps issue no reductions. 192/128 has no room and keeps the reductions from
+// registers.
 constexpr bool kHDqTma = !kHValueOwn;
 constexpr int kHDqBoxBytes = 64 * 32 * 4;
 constexpr int kHDqStageBytes = kHDqTma ? 2 * 2 * kHDqBoxBytes : 0;  // two warpgroups x two boxes
@@ -236,9 +239,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   const int m_first = qs_range.m_first, m_count = qs_range.m_count, steps = qs_range.steps;
 
   // The steps walk the group's heads, each over its m_count query tiles: step i is head hk * group + i / m_count,
-  // tile m_first + i % m_count. The loads, two steps ahead, follow it with a cursor advanced by increments (thread
-  // 0's); the computed step divides (a cursor for it too, live across the whole step, made the d64 and 192/128
-  // builds spill).
+  // tile m_first + i % m_count. The loads, kHLoadAhead steps ahead, follow it with a cursor advanced by increments
+  // (thread 0's); the computed step divides (a cursor for it too, live across the whole step, made the d64 and
+  // 192/128 builds spill).
   struct StepCursor {
     int h, m0;
   };
@@ -315,7 +318,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   __syncthreads();  // the mbarriers are initialised before anyone arrives or waits
   StepCursor load_at{hk * group, m_first * kHBlockM};
   if (tid == 0) {
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kHLoadAhead; ++i) {
       if (i < steps) load_stage(load_at, i);
       advance(load_at);
     }
@@ -472,9 +475,9 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
       if ((tid & 127) == 0) tma::bulk_wait_read<0>();
     }
     __syncthreads();  // (B) both halves
-    // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + 2.
+    // Both warpgroups are past (B) of this step, so done with step - 1: its stage takes step + kHLoadAhead.
     if (tid == 0) {
-      if (step + 2 < steps) load_stage(load_at, (step + 2) % kHQStages);
+      if (step + kHLoadAhead < steps) load_stage(load_at, (step + kHLoadAhead) % kHQStages);
       advance(load_at);
     }
     if constexpr (kHRetireBeforeDq) {
