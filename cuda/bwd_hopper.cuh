@@ -572,24 +572,25 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   }
 
   // dK (batch, seqlen_k, kv_heads, D), dV (batch, seqlen_k, kv_heads, D_v) contiguous; dK carries the softmax
-  // scale of s = scale * q.k
-  const int key = n0 + key_w;
-  const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
-  // Rows key and key + 8 of a (tokens, kv_heads, kCols) gradient from its accumulator, times `scale`.
-  auto store_rows = [&](T* grad, const auto& acc, auto cols, float scale) {
+  // scale of s = scale * q.k. They leave through the Q / dO stages, free once both warpgroups' last products
+  // retired: each warp stages its 16 key rows (stage_warp_rows) and stores them out in 16-byte chunks of whole rows.
+  static_assert(kHKBytes + kHVBytes <= kHQStages * (kHQBytes + kHDoBytes), "dK and dV staged in the Q / dO stages");
+  __syncthreads();  // both warpgroups' last products retired: the stages are free
+  const int warp_key0 = wg * 64 + (warp & 3) * 16;  // this warp's first key row within the tile
+  const int64_t tok0 = (cu_k == nullptr ? int64_t(b) * seqlen_k : int64_t(sk.x)) + n0 + warp_key0;
+  // Rows [warp_key0, warp_key0 + 16) of a (tokens, kv_heads, kCols) gradient from its accumulator, times `scale`.
+  auto store_rows = [&](T* grad, uint32_t staging, const auto& acc, auto cols, float scale) {
     constexpr int kCols = decltype(cols)::value;
-    T* row = grad + (tok * kv_heads + hk) * kCols;
-    const int64_t row8 = int64_t(8) * kv_heads * kCols;
-#pragma unroll
-    for (int j = 0; j < kCols / 8; ++j) {
-      const int col = j * 8 + 2 * t4;
-      if (key < sk.y) *reinterpret_cast<uint32_t*>(row + col) = Traits::pack2(acc[4 * j] * scale, acc[4 * j + 1] * scale);
-      if (key + 8 < sk.y)
-        *reinterpret_cast<uint32_t*>(row + row8 + col) = Traits::pack2(acc[4 * j + 2] * scale, acc[4 * j + 3] * scale);
-    }
+    const uint32_t tile = staging + warp_key0 * (kCols * 2);
+    stage_warp_rows<kBf16, kCols>(tile, acc, scale, scale, lane);
+    __syncwarp();
+    T* const row0 = grad + (tok0 * kv_heads + hk) * kCols;
+    copy_warp_rows<kCols>(tile, lane, [&](int r) -> void* {
+      return n0 + warp_key0 + r < sk.y ? row0 + int64_t(r) * kv_heads * kCols : nullptr;
+    });
   };
-  store_rows(dk, dk_acc, std::integral_constant<int, kD>{}, softmax_scale);
-  store_rows(dv, dv_acc, std::integral_constant<int, kDv>{}, 1.f);
+  store_rows(dk, q_t, dk_acc, std::integral_constant<int, kD>{}, softmax_scale);
+  store_rows(dv, q_t + kHKBytes, dv_acc, std::integral_constant<int, kDv>{}, 1.f);
   // The last dQ boxes read before the block's shared memory goes (after the stores, so that they overlap). Their
   // additions into the workspace complete before the grid does, so the block need not wait for them to land.
   if constexpr (kHDqTma) {

@@ -221,5 +221,48 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&
 #undef ISSUE128
 }
 
+// ---------------------------------------------------------------- accumulator rows out through shared memory
+// A warp's 16 accumulator rows (the layout above) leave in two steps, so that global memory takes 16-byte stores of
+// whole rows instead of one 4-byte store per thread, row and 8-column block (eight rows, eight lines, a store):
+// stage_warp_rows writes them as 16-bit pairs into a 16-row tile of kCols * 2 bytes a row whose 16-byte chunk c of
+// row r sits at chunk position c ^ (r % 8) (stmatrix's eight rows, and a row's reads, fall on distinct banks), and
+// copy_warp_rows, after a __syncwarp, stores the tile out chunk by chunk. Row g is scaled by scale_g, row g + 8 by
+// scale_g8 (lane = 4 g + t).
+template <bool kBf16, int kCols>
+__device__ __forceinline__ void stage_warp_rows(uint32_t tile, const float (&d)[kCols / 2], float scale_g,
+                                                float scale_g8, int lane) {
+  static_assert(kCols % 64 == 0, "whole 64-column blocks: the swizzle permutes eight chunks");
+  using Pack = ElemTraits<kBf16>;
+  const int matrix = lane >> 3;  // this lane's row address is for stmatrix's matrix `matrix`: rows 8 (matrix % 2)..
+  const int row = (matrix & 1) * 8 + (lane & 7);  // .. of 8-column block 2 p + matrix / 2
+  const uint32_t row_at = tile + row * (kCols * 2);
+  const int swizzle = (matrix >> 1) ^ (row & 7);
+#pragma unroll
+  for (int p = 0; p < kCols / 16; ++p) {  // blocks 2 p and 2 p + 1
+    const float* b = d + 8 * p;
+    const uint32_t r[4] = {Pack::pack2(b[0] * scale_g, b[1] * scale_g), Pack::pack2(b[2] * scale_g8, b[3] * scale_g8),
+                           Pack::pack2(b[4] * scale_g, b[5] * scale_g), Pack::pack2(b[6] * scale_g8, b[7] * scale_g8)};
+    stmatrix_x4(row_at + (((2 * p) ^ swizzle) << 4), r);
+  }
+}
+
+// Row_address(r) (r = 0..15): where the tile's row r goes in global memory (16-byte aligned), or nullptr for a row
+// not written. A warp instruction stores 512 contiguous bytes of rows at kCols = 128 (256 at 64).
+template <int kCols, typename RowAddress>
+__device__ __forceinline__ void copy_warp_rows(uint32_t tile, int lane, RowAddress row_address) {
+  constexpr int kChunks = kCols / 8;  // 16-byte chunks a row
+#pragma unroll
+  for (int k = 0; k < 16 * kChunks / 32; ++k) {
+    const int i = lane + 32 * k, row = i / kChunks, chunk = i % kChunks;
+    uint32_t v0, v1, v2, v3;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v0), "=r"(v1), "=r"(v2), "=r"(v3)
+                 : "r"(tile + row * (kCols * 2) + ((chunk ^ (row & 7)) << 4))
+                 : "memory");
+    void* const dst = row_address(row);
+    if (dst != nullptr) *reinterpret_cast<uint4*>(static_cast<char*>(dst) + chunk * 16) = make_uint4(v0, v1, v2, v3);
+  }
+}
+
 }  // namespace sm90
 }  // namespace hfp
