@@ -238,28 +238,52 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   retire_pv(num_tiles - 1);
 }
 
-// The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output
-// straight from the accumulators (4 bytes per column pair; a warp's store covers 16 contiguous bytes of 8
-// rows, which L2 merges into full lines). No shared memory and no barrier: the rings and Q stay free.
+// The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output.
+// kStaged: through `staging`, this warp's 16 rows x HEAD_DIM_V in shared memory that its warpgroup no longer reads
+// (its Q rows, once every S of the work retired), so that each row leaves in 16-byte stores (hopper.cuh,
+// stage_warp_rows); else straight from the accumulators (4 bytes per column pair; a warp's store covers 16
+// contiguous bytes of 8 rows). No barrier either way.
+template <bool kStaged>
 __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::FwdParams& p,
-                                             const hfp::fwd::QueryTile& tile, int warp_row0, int g, int t) {
+                                             const hfp::fwd::QueryTile& tile, int warp_row0, int lane,
+                                             uint32_t staging) {
+  const int g = lane >> 2, t = lane & 3;
   float inv_sum[1][2], row_lse[1][2];
   rows.softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
   Elem* const out = hfp::fwd::out_rows(p, tile);  // (S_q, H, D_v) rows of the tile's GQA group
+  auto row_of = [&](int packed, int& head) -> int {  // a packed row's position; its head within the group
+    const int pos = tile.group == 1 ? packed : packed / tile.group;
+    head = packed - pos * tile.group;
+    return pos;
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int packed = tile.p0 + warp_row0 + h * 8 + g;
     if (packed >= tile.packed_rows) continue;
-    const int pos = tile.group == 1 ? packed : packed / tile.group;
-    const int head = packed - pos * tile.group;  // within the group
-    Elem* const row = out + pos * p.o_seq_stride + head * p.o_head_stride + 2 * t;
+    int head;
+    const int pos = row_of(packed, head);
+    if constexpr (!kStaged) {
+      Elem* const row = out + pos * p.o_seq_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
-    for (int ot = 0; ot < kOT; ++ot)
-      *reinterpret_cast<uint32_t*>(row + ot * 8) =
-          Traits::pack2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+      for (int ot = 0; ot < kOT; ++ot)
+        *reinterpret_cast<uint32_t*>(row + ot * 8) =
+            Traits::pack2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
+    }
     if (t == 0)
       p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
             tile.span.q_token0 + pos] = row_lse[0][h];
+  }
+  if constexpr (kStaged) {
+    hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V>(staging, reinterpret_cast<const float(&)[kOT * 4]>(rows.acc_o),
+                                                  inv_sum[0][0], inv_sum[0][1], lane);
+    __syncwarp();
+    hfp::sm90::copy_warp_rows<HEAD_DIM_V>(staging, lane, [&](int r) -> void* {
+      const int packed = tile.p0 + warp_row0 + r;
+      if (packed >= tile.packed_rows) return nullptr;
+      int head;
+      const int pos = row_of(packed, head);
+      return out + pos * p.o_seq_stride + head * p.o_head_stride;
+    });
   }
 }
 

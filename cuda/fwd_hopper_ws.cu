@@ -30,7 +30,8 @@
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
-// where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), ELEM_BF16, HAS_MASK.
+// where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
+// through the Q rows), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -62,6 +63,12 @@ constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
 // P V (the next K may then land while this V is still read); without the overlap P V retires before the next S
 // is issued, and one barrier per slot (K's, covering both) saves a wait and an arrival per tile.
 constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
+// STAGED_OUTPUT: the output leaves through shared memory in 16-byte stores of whole rows, staged in the warpgroup's
+// Q rows, free from a work's last S to the next work's copy (so not with Q by the TMA, which may land the next Q
+// there first); else it is stored from the accumulators.
+constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
+static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
+              "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -192,6 +199,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const int g = lane >> 2, t = lane & 3;
   const int warp_row0 = warp * 16;
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
+  // The output's staging (kStagedOutput): this warp's 16 rows x HEAD_DIM_V, 4 KB, in its warpgroup's Q rows (64 rows
+  // of 128 bytes in each 64-column sub-tile): warps 0, 1 of the warpgroup in sub-tile 0, warps 2, 3 in sub-tile 1.
+  const uint32_t staging = smem.q_tile + ((warp & 3) >> 1) * (kBlockM * kSubTileRowBytes) +
+                           warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
 
   int ring = 0, works = 0;  // as the producer's
   for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
@@ -270,8 +281,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       run_key_loop(own, ring + skipped_first, partial_first && skipped_first == 0);
       for (int i = skipped_first + own.keys.num_tiles; i < num_tiles; ++i) skip_tile(ring + i, false);
     }
-    // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store from registers
-    store_output(rows, p, tile, warp_row0, g, t);
+    // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store (kStagedOutput: through this warp's share of its
+    // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
+    // warpgroup, so after this warp's reads)
+    store_output<kStagedOutput>(rows, p, tile, warp_row0, lane, staging);
     ring += num_tiles;
     ++works;
   });

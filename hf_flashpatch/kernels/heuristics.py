@@ -51,6 +51,7 @@ class TileShape:
     overlap_softmax: bool = False  # wgmma body: tile i's softmax runs under tile i-1's P V (needs S and P live at once)
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
+    staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -106,8 +107,10 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
         if one_cta_per_tile and shape.q_by_tma and shape.block_m == 128:
             # Q by the TMA pays by loading the next work's Q under this one's last products; a CTA with one work
             # has none, and with two math warpgroups the Q thread's registers cost the math threads 8 (232, not
-            # 240): the math warps copy Q themselves.
-            return dataclasses.replace(shape, q_by_tma=False)
+            # 240): the math warps copy Q themselves. Its Q rows are then free at the end, and the output leaves
+            # through them in 16-byte stores of whole rows, so the CTA is done (and the next one starts) sooner; a
+            # walking CTA, whose stores overlap its next work, lost 0-4 % by it (notes/forward.md, decision log).
+            return dataclasses.replace(shape, q_by_tma=False, staged_output=True)
         return shape
     return mma_tile_shape(head_dim)
 
