@@ -116,8 +116,8 @@ class ForwardConfig:
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
                              f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/176, a producer "
-                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output at a v head "
-                             f"dim of 128 with the Q rows copied), got {self}")  # fmt: skip
+                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
+                             f"at a v head dim of 128 with the Q rows copied), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
