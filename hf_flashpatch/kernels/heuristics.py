@@ -92,6 +92,7 @@ def native_value_head_dim(head_dim: int, head_dim_v: int, arch: str) -> bool:
     return arch == "sm_90a" and (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES
 
 
+@functools.lru_cache(maxsize=None)  # a few (head dim, arch, mask) keys; called on every launch
 def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False, head_dim_v: int | None = None,
                        one_cta_per_tile: bool = False) -> TileShape:  # fmt: skip
     """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window; ``head_dim_v``:
