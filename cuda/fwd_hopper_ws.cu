@@ -31,7 +31,7 @@
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
-// through the Q rows), WORK_RING (the works handed to the math warps through shared memory), ELEM_BF16, HAS_MASK.
+// through the Q rows), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -69,14 +69,6 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
-// WORK_RING (the masked d64 shape's where a CTA walks; heuristics.TileShape.work_ring): the works a CTA walks reach
-// the math warps through a ring of kWorkSlots work coordinates in shared memory, written by the K/V thread as it
-// starts each work's loads (well ahead of the math warps), so that twelve math warps do not all recompute the
-// walk's divisions between two works. (At d128 the math warps' loop over the ring makes ptxas spill.)
-constexpr bool kWorkRing = WORK_RING != 0;
-static_assert(!kWorkRing || NUM_WG == 3, "the work ring serves three math warpgroups (d64)");
-constexpr int kWorkSlots = 2;
-constexpr int kWorkSlotBytes = 16;  // a WorkCoords (m_block, kv_head, batch), padded
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -84,11 +76,10 @@ struct Columns {  // a tile's column count as a type, for the producer's one loa
 
 }  // namespace
 
-// The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V, of every
-// math warpgroup's Q rows and of every work slot, then the work slots (read by the launch from the compiled
-// module: Kernel.shared_bytes).
+// The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
+// math warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
-    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG + (kWorkRing ? kWorkSlots * (2 * 8 + kWorkSlotBytes) : 0);
+    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
 // sectioned order deals masked tiles out evenly, else one per tile); CTA b takes work tile b of every round of
@@ -110,10 +101,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
   const uint32_t v_empty_bars = k_empty_bars + KV_STAGES * 8;
   const uint32_t q_full_bars = v_empty_bars + KV_STAGES * 8;  // (NUM_WG,): a math warpgroup's Q rows landed
   const uint32_t q_empty_bars = q_full_bars + NUM_WG * 8;   // (NUM_WG,): its last S of a work retired
-  const uint32_t work_full_bars = q_empty_bars + NUM_WG * 8;  // (kWorkSlots,): a work written into the slot
-  const uint32_t work_empty_bars = work_full_bars + kWorkSlots * 8;  // (kWorkSlots,): every math warp read it
-  // (kWorkSlots,) work coordinates, 16 bytes each (m_block, kv_head, batch; batch -1 ends the walk)
-  const uint32_t work_ring = work_empty_bars + kWorkSlots * 8;
   const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
   const bool varlen = p.cu_seqlens_k != nullptr;
@@ -125,13 +112,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       mbarrier_init(v_full_bars + 8 * s, 1);
       mbarrier_init(k_empty_bars + 8 * s, kMathWarps);
       mbarrier_init(v_empty_bars + 8 * s, kMathWarps);
-    }
-    if constexpr (kWorkRing) {
-#pragma unroll
-      for (int s = 0; s < kWorkSlots; ++s) {
-        mbarrier_init(work_full_bars + 8 * s, 1);  // the K/V thread's arrival
-        mbarrier_init(work_empty_bars + 8 * s, kMathWarps);
-      }
     }
     if constexpr (kQByTma) {
 #pragma unroll
@@ -177,19 +157,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // tensor): their scores are masked, and the math warps zero those V rows before P V reads them.
     prefetch(p.k_tma);
     prefetch(p.v_tma);
-    int ring = 0, works = 0;
-    // The work into its slot for the math warps, once they all read what the slot held kWorkSlots works before.
-    auto publish = [&](const QueryTile& tile) {
-      if constexpr (!kWorkRing) return;
-      const int slot = works % kWorkSlots;
-      if (works >= kWorkSlots) mbarrier_wait(work_empty_bars + 8 * slot, (works / kWorkSlots - 1) & 1);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %3};\n" ::"r"(work_ring + 16 * slot),
-                   "r"(tile.p0 / kBlockM), "r"(tile.kv_head), "r"(tile.batch) : "memory");
-      mbarrier_arrive(work_full_bars + 8 * slot);  // release: the math warps' wait sees the slot written
-      ++works;
-    };
+    int ring = 0;
     for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
-      publish(tile);
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -218,9 +187,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         }
       }
     });
-    QueryTile end{};
-    end.batch = -1;  // no more works
-    publish(end);
     return;
   }
 
@@ -239,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
                            warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
 
   int ring = 0, works = 0;  // as the producer's
-  auto run_work = [&](const QueryTile& tile) {
+  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products
@@ -321,25 +287,5 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     store_output<kStagedOutput>(rows, p, tile, warp_row0, lane, staging);
     ring += num_tiles;
     ++works;
-  };
-  // kWorkRing: the works in the K/V thread's order (for_each_work's), from the work slots, until the one that ends
-  // them; each warp hands a slot back as soon as it read the coordinates.
-  if constexpr (!kWorkRing) {
-    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, run_work);
-    return;
-  }
-  for (;;) {
-    const int slot = works % kWorkSlots;
-    mbarrier_wait(work_full_bars + 8 * slot, (works / kWorkSlots) & 1);
-    WorkCoords coords;
-    int unused;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(coords.m_block), "=r"(coords.kv_head), "=r"(coords.batch), "=r"(unused)
-                 : "r"(work_ring + 16 * slot)
-                 : "memory");
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(work_empty_bars + 8 * slot);  // this warp has read the slot
-    if (coords.batch < 0) break;
-    run_work(query_tile<kWindowed, kBlockM, BLOCK_N>(p, coords));  // ++works
-  }
+  });
 }

@@ -212,8 +212,8 @@ def test_hopper_forward_schedule_decisions():
 def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
     """Q by the TMA serves a walk of several works per CTA; with one CTA per work tile the two-math-warpgroup shape
     (masked d128, whose Q thread costs the math threads registers) has its math warps copy Q and its output leave
-    through the Q rows, and the masked d64 shape takes no work ring (one work has nothing to hand on), every other
-    field unchanged, and both builds are shipped. Unmasked d64 and d128 keep one shape."""
+    through the Q rows, every other field unchanged, and both builds are shipped. d64 (three math warpgroups) and
+    unmasked d128 keep one shape."""
     from hf_flashpatch.kernels import forward, heuristics
 
     walking = heuristics.forward_tile_shape(head_dim, "sm_90a", masked)
@@ -222,9 +222,6 @@ def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
         assert walking.q_by_tma and not one_each.q_by_tma
         assert one_each.staged_output and not walking.staged_output
         assert dataclasses.replace(one_each, q_by_tma=True, staged_output=False) == walking
-    elif (head_dim, masked) == (64, True):
-        assert walking.work_ring and not one_each.work_ring
-        assert dataclasses.replace(one_each, work_ring=True) == walking
     else:
         assert one_each == walking
     builds = forward.all_builds("sm_90a")

@@ -52,7 +52,6 @@ class TileShape:
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
-    work_ring: bool = False  # wgmma body: the math warps take a walking CTA's works from the K/V thread (smem ring)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -69,9 +68,7 @@ class TileShape:
 #   builds spilled; two stages suffice there. Its Q rows come by the TMA from a producer thread, issued as soon as
 #   a warpgroup's last S retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal
 #   crosses a 192-row tile over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue
-#   cost more than it saved. Masked, where a CTA walks several works, the twelve math warps take each work's
-#   coordinates from a ring the K/V thread fills instead of recomputing the walk (short causal works, where the walk
-#   weighs most); a CTA with one work, and the unmasked walk (fewer, longer works), do without it.
+#   cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, overlap_softmax=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
@@ -79,7 +76,7 @@ HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                            own_key_tiles=True),
     (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
-                          own_key_tiles=True, work_ring=True),
+                          own_key_tiles=True),
 }
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
@@ -115,8 +112,6 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
             # through them in 16-byte stores of whole rows, so the CTA is done (and the next one starts) sooner; a
             # walking CTA, whose stores overlap its next work, lost 0-4 % by it (notes/forward.md, decision log).
             return dataclasses.replace(shape, q_by_tma=False, staged_output=True)
-        if one_cta_per_tile and shape.work_ring:
-            return dataclasses.replace(shape, work_ring=False)  # one work: nothing to hand on
         return shape
     return mma_tile_shape(head_dim)
 
