@@ -34,10 +34,6 @@ struct FwdParams {
   const Elem* __restrict__ v;       // like k
   Elem* __restrict__ out;           // like q
   float* __restrict__ lse;          // (B, H, S_q), varlen (H, T_q)
-  // The split tail's pieces (for_each_work; tail_works > 0): slot (2 * CTA + its piece), kBlockM packed rows of
-  // D_v fp32 outputs, each normalised by its own keys' sum, and their LSEs; combined by the tail kernel.
-  float* __restrict__ tail_out;     // (2 * tail_ctas, kBlockM, D_v)
-  float* __restrict__ tail_lse;     // (2 * tail_ctas, kBlockM)
   const int* __restrict__ cu_seqlens_q;  // varlen: (N + 1,); nullptr when batched
   const int* __restrict__ cu_seqlens_k;
   int64_t q_batch_stride, q_seq_stride, q_head_stride;  // in elements
@@ -53,7 +49,6 @@ struct FwdParams {
   int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
   int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
   int q_box_heads;          // Hopper body: the group when it divides 64 (Q by q_tma); 0: the math warps copy Q
-  int tail_works, tail_ctas;  // persistent Hopper body: the works split at the end of the walk, the CTAs sharing them
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -187,58 +182,16 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   return tile;
 }
 
-// The split tail of a walk (heuristics.hopper_forward_schedule; unmasked fixed-length problems, where every work
-// has the same key tiles): the last tail_works works of the order would leave a last round that only some CTAs
-// work in, so their key tiles, flattened work by work, are dealt out in tail_ctas (>= tail_works) even contiguous
-// ranges instead. A range is shorter than a work, so a CTA holds pieces of at most two works: piece k (0, 1) of CTA
-// c goes to slot 2 c + k, and the tail kernel combines each work's pieces.
-struct TailSplit {
-  int first_work, works, ctas, key_tiles;  // key_tiles: per work
-  __device__ __forceinline__ int total() const { return works * key_tiles; }
-  // The first flattened key tile of CTA c's range (c = ctas: the end).
-  __device__ __forceinline__ int range_start(int c) const {
-    return static_cast<int>(static_cast<int64_t>(c) * total() / ctas);
-  }
-  // The CTA whose range holds flattened key tile x: the last c with range_start(c) <= x.
-  __device__ __forceinline__ int cta_of(int x) const {
-    return static_cast<int>((static_cast<int64_t>(x + 1) * ctas - 1) / total());
-  }
-};
-
-template <int kBlockN>
-__device__ __forceinline__ TailSplit tail_split(const FwdParams& p, int num_work) {
-  return {num_work - p.tail_works, p.tail_works, p.tail_ctas, (p.seqlen_k + kBlockN - 1) / kBlockN};
-}
-
 // Every work tile CTA blockIdx.x takes, in its order (walk_work over persistent_work), as a QueryTile; empty ones
 // (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it.
-// body(tile, slot): slot -1 for a whole work; kTail: then the CTA's pieces of the split tail (TailSplit), each a
-// QueryTile whose key tiles are the piece's (walked from n_block_max - 1 down, as a work's), with its slot.
-template <bool kWindowed, int kBlockM, int kBlockN, bool kTail = false, typename Body>
+template <bool kWindowed, int kBlockM, int kBlockN, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  const int whole = kTail ? num_work - p.tail_works : num_work;
-  for (int round = 0; round * static_cast<int>(gridDim.x) < whole; ++round) {
+  for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
     const int w = walk_work<kWindowed>(round);
-    if (w >= whole) continue;
+    if (w >= num_work) continue;
     const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
-    if (!tile.empty()) body(tile, -1);
-  }
-  if constexpr (kTail) {
-    const int c = static_cast<int>(blockIdx.x);
-    if (p.tail_works == 0 || c >= p.tail_ctas) return;
-    const TailSplit split = tail_split<kBlockN>(p, num_work);
-    const int end = split.range_start(c + 1);
-    for (int x = split.range_start(c), piece = 0; x < end; ++piece) {
-      const int tw = x / split.key_tiles, t0 = x - tw * split.key_tiles;
-      const int t1 = min(end - tw * split.key_tiles, split.key_tiles);
-      QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, split.first_work + tw));
-      tile.keys.n_block_max -= t0;
-      tile.keys.n_block_min = tile.keys.n_block_max - (t1 - t0);
-      tile.keys.num_tiles = t1 - t0;
-      body(tile, 2 * c + piece);
-      x = tw * split.key_tiles + t1;
-    }
+    if (!tile.empty()) body(tile);
   }
 }
 

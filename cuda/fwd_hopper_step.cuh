@@ -287,24 +287,4 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
   }
 }
 
-// A piece of the split tail (for_each_work in fwd_geometry.cuh): this thread's output rows normalised by their own
-// sum, in fp32, and their LSEs, into slot `slot` of the tail workspace ((slots, kBlockM, HEAD_DIM_V) and (slots,
-// kBlockM), packed rows of the work); the tail kernel (fwd_hopper_ws.cu) combines a work's pieces.
-__device__ __forceinline__ void store_piece(MathRows& rows, const hfp::fwd::FwdParams& p, int slot, int warp_row0,
-                                            int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  float inv_sum[1][2], row_lse[1][2];
-  rows.softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = warp_row0 + h * 8 + g;
-    float* const row = p.tail_out + ((int64_t)slot * kBlockM + r) * HEAD_DIM_V + 2 * t;
-#pragma unroll
-    for (int ot = 0; ot < kOT; ++ot)
-      *reinterpret_cast<float2*>(row + ot * 8) =
-          make_float2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
-    if (t == 0) p.tail_lse[slot * kBlockM + r] = row_lse[0][h];
-  }
-}
-
 }  // namespace

@@ -69,10 +69,6 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
-// The split tail (for_each_work, TailSplit): the unmasked builds whose math warps copy Q and walk the work's key
-// tiles whole (a piece of a work is then a work with fewer key tiles; the launch splits only fixed-length
-// problems). The other builds compile without it.
-constexpr bool kTail = !kWindowed && !kQByTma && !kOwnKeyTiles;
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -137,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int) {
+      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -162,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for_each_work<kWindowed, kBlockM, BLOCK_N, kTail>(p, [&](const QueryTile& tile, int) {
+    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -209,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
                            warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
 
   int ring = 0, works = 0;  // as the producer's
-  for_each_work<kWindowed, kBlockM, BLOCK_N, kTail>(p, [&](const QueryTile& tile, int tail_slot) {
+  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products
@@ -288,58 +284,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store (kStagedOutput: through this warp's share of its
     // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
     // warpgroup, so after this warp's reads)
-    if (kTail && tail_slot >= 0) {
-      store_piece(rows, p, tail_slot, warp_row0, lane);
-    } else {
-      store_output<kStagedOutput>(rows, p, tile, warp_row0, lane, staging);
-    }
+    store_output<kStagedOutput>(rows, p, tile, warp_row0, lane, staging);
     ring += num_tiles;
     ++works;
   });
-}
-
-// The split tail's works (TailSplit in fwd_geometry.cuh): grid (tail_works,), 256 threads. Each output row of work
-// tail_works - 1 - ... combines its pieces (two or three, one per CTA whose key-tile range meets the work; each
-// normalised by its own sum, with its LSE) as a split-KV decode combines its splits: weights exp(lse_i - max),
-// out = sum_i w_i out_i / sum_i w_i, lse = max + log sum_i w_i. Layouts as the main kernel's.
-extern "C" __global__ void __launch_bounds__(256) hfp_attention_forward_sm90_tail(const __grid_constant__ hfp::fwd::FwdParams p) {
-  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  const TailSplit split = tail_split<BLOCK_N>(p, num_work);
-  const int tw = static_cast<int>(blockIdx.x);
-  const QueryTile tile = query_tile<kWindowed, kBlockM, BLOCK_N>(p, persistent_work<kBlockM>(p, split.first_work + tw));
-  const int first_cta = split.cta_of(tw * split.key_tiles);
-  const int last_cta = split.cta_of((tw + 1) * split.key_tiles - 1);
-  // CTA c's piece of this work: its first (slot 2 c) where its range starts in this work, else its second
-  auto slot_of = [&](int c) { return 2 * c + (split.range_start(c) / split.key_tiles == tw ? 0 : 1); };
-  Elem* const out = out_rows(p, tile);
-  constexpr int kChunks = HEAD_DIM_V / 8;  // 8 columns (16 bytes of output) a step
-  for (int idx = threadIdx.x; idx < kBlockM * kChunks; idx += blockDim.x) {
-    const int r = idx / kChunks, col = (idx - r * kChunks) * 8;
-    const int packed = tile.p0 + r;
-    if (packed >= tile.packed_rows) continue;
-    float top = kNegInf;
-    for (int c = first_cta; c <= last_cta; ++c) top = fmaxf(top, p.tail_lse[slot_of(c) * kBlockM + r]);
-    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, sum = 0.f;
-    for (int c = first_cta; c <= last_cta; ++c) {
-      const int slot = slot_of(c);
-      const float lse = p.tail_lse[slot * kBlockM + r];
-      const float w = lse == kNegInf ? 0.f : __expf(lse - top);
-      const float4* part = reinterpret_cast<const float4*>(p.tail_out + ((int64_t)slot * kBlockM + r) * HEAD_DIM_V + col);
-      const float4 a = part[0], b = part[1];
-      acc[0] += w * a.x, acc[1] += w * a.y, acc[2] += w * a.z, acc[3] += w * a.w;
-      acc[4] += w * b.x, acc[5] += w * b.y, acc[6] += w * b.z, acc[7] += w * b.w;
-      sum += w;
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const int pos = tile.group == 1 ? packed : packed / tile.group, head = packed - pos * tile.group;
-    uint4 packed_out;
-    packed_out.x = Traits::pack2(acc[0] * inv, acc[1] * inv);
-    packed_out.y = Traits::pack2(acc[2] * inv, acc[3] * inv);
-    packed_out.z = Traits::pack2(acc[4] * inv, acc[5] * inv);
-    packed_out.w = Traits::pack2(acc[6] * inv, acc[7] * inv);
-    *reinterpret_cast<uint4*>(out + pos * p.o_seq_stride + head * p.o_head_stride + col) = packed_out;
-    if (col == 0)
-      p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
-            tile.span.q_token0 + pos] = sum > 0.f ? top + __logf(sum) : kNegInf;
-  }
 }

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from hf_flashpatch.kernels import backward, decode, forward
-from hf_flashpatch.kernels.sources import kernel_signature
 from launch_recorder import RecordingKernel
 
 LOG2E = 1.4426950408889634
@@ -99,8 +98,8 @@ def test_forward_scalars(recorder, scale, softcap):
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
-    # work section, q_box_heads, tail works, tail CTAs
-    scale_log2, softcap_pre, softcap_log2 = args[-11:-8]
+    # work section, q_box_heads
+    scale_log2, softcap_pre, softcap_log2 = args[-9:-6]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -180,47 +179,7 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
-    assert grid == (ctas, 1, 1) and args[-4] == section  # FwdParams.work_section (q_box_heads, the tail's follow)
-
-
-def test_split_tail_deals_the_last_round_out_where_it_pays():
-    """Equal works (unmasked, fixed length): the works of a last round only some CTAs would work in are split over
-    every CTA (fwd_geometry.cuh TailSplit) where a CTA's share of their key tiles plus two pieces' and the combine's
-    overhead undercuts a whole work; never without a partial round, never for builds without the split."""
-    from hf_flashpatch.kernels import heuristics
-
-    split = heuristics.split_tail
-    assert split(2048, 132, 94) == heuristics.HopperSchedule(132, 0, 68, 132)  # d128 1 x 16k, 16 heads: 68 left over
-    assert split(2048, 132, 12) == heuristics.HopperSchedule(132, 0, 68, 132)  # 2k: 6.2 key tiles a CTA + 3 < 13
-    assert split(384, 132, 12) == heuristics.HopperSchedule(132)  # 120 left: 10.9 + 3 >= 13, not worth it
-    assert split(1980, 132, 94) == heuristics.HopperSchedule(132)  # 15 whole rounds
-    assert split(100, 100, 94) == heuristics.HopperSchedule(100)  # one round
-    assert split(2048, 132, 2) == heuristics.HopperSchedule(132)  # works too short to split
-    schedule = lambda can: heuristics.hopper_forward_schedule(16384, 16384, 1, 128, 176, -1, -1, 16, 132, False,
-                                                              16384 * 512, can)  # noqa: E731 fmt: skip
-    assert schedule(True).tail_works == 68 and schedule(False) == heuristics.HopperSchedule(132)
-    masked = heuristics.hopper_forward_schedule(16384, 16384, 1, 128, 128, -1, 0, 16, 132, False, 16384 * 512, True)
-    assert masked.tail_works == 0  # masked works differ in weight: the snake and the sections balance them
-
-
-def test_split_tail_launches_its_combine_on_the_same_parameters(recorder, monkeypatch):
-    """Unmasked d128 whose last round is split (1 x 4096, 6 heads: 192 works on 132 SMs, 60 left over): the main
-    kernel gets the tail's works and CTAs and a workspace of two slots a CTA, and the tail kernel follows with one
-    CTA per split work and the same parameters; masked, nothing is split and no tail kernel runs."""
-    q, k, v = (torch.zeros(1, 4096, 6, 128, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
-    forward._launch(q, k, v, None, None, None, None, None, False, -1, -1, None)
-    (main_entry, main_grid, args), (tail_entry, tail_grid, tail_args) = recorder.launches
-    assert (main_entry, tail_entry) == ("hfp_attention_forward_sm90_ws", "hfp_attention_forward_sm90_tail")
-    assert main_grid == (132, 1, 1) and args[-2:] == (192 % 132, 132) and tail_grid == (192 % 132, 1, 1)
-    assert tail_args == args
-    names = kernel_signature("fwd_hopper_ws.cu", "hfp_attention_forward_sm90_ws").names
-    tail_out, tail_lse = args[names.index("tail_out")], args[names.index("tail_lse")]
-    assert tail_out.shape == (2 * 132, 128, 128) and tail_lse.shape == (2 * 132, 128)
-    assert tail_out.dtype == tail_lse.dtype == torch.float32
-    recorder.launches.clear()
-    forward._launch(q, k, v, None, None, None, None, None, True, -1, 0, None)
-    ((entry, _grid, args),) = recorder.launches
-    assert args[-2:] == (0, 0) and args[names.index("tail_out")] is None
+    assert grid == (ctas, 1, 1) and args[-2] == section  # FwdParams.work_section (q_box_heads follows)
 
 
 def test_hopper_forward_schedule_decisions():
@@ -284,4 +243,4 @@ def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypa
     forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
     assert (grid[0] < 64) == walks
-    assert built[0].q_by_tma == walks and (args[-3] > 0) == walks  # FwdParams.q_box_heads
+    assert built[0].q_by_tma == walks and (args[-1] > 0) == walks  # FwdParams.q_box_heads

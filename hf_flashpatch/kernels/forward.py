@@ -49,10 +49,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-_ENTRY_SM90_TAIL = "hfp_attention_forward_sm90_tail"  # same arguments: combines the split tail's pieces
-# FwdParams: k_tma v_tma q_tma | q k v out lse tail_out tail_lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k
-# group left right | ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads |
-# tail_works tail_ctas
+# FwdParams: k_tma v_tma q_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads
 
 
 @dataclass(frozen=True)
@@ -302,14 +300,13 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     masked = left >= 0 or right >= 0
     chosen = shape or forward_tile_shape(head_dim, arch, masked, head_dim_v)
     m_blocks = math.ceil(seqlen_q * group / chosen.block_m)
-    walk = HopperSchedule(0)
+    section = 0
     if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
-        can_split_tail = not (masked or varlen or chosen.q_by_tma or chosen.own_key_tiles)  # fwd_hopper_ws.cu kTail
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
                                                    right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
-                                                   kv_bytes, can_split_tail)  # fmt: skip
-        grid = (walk.ctas, 1, 1)
+                                                   kv_bytes)  # fmt: skip
+        grid, section = (walk.ctas, 1, 1), walk.section
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
             chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
     else:
@@ -319,22 +316,16 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)
-    tail_out = tail_lse = None
-    if walk.tail_works:  # the split tail's pieces (fwd_geometry.cuh TailSplit): two slots a CTA
-        tail_out = torch.empty(2 * walk.tail_ctas, chosen.block_m, head_dim_v, device=q.device, dtype=torch.float32)
-        tail_lse = torch.empty(2 * walk.tail_ctas, chosen.block_m, device=q.device, dtype=torch.float32)
-    params = (
-        k_tma, v_tma, q_tma, q, k, v, out, lse, tail_out, tail_lse, cu_seqlens_q, cu_seqlens_k,
+    kernel(
+        grid, (config.threads, 1, 1),
+        k_tma, v_tma, q_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, walk.section, q_box_heads, walk.tail_works, walk.tail_ctas,
+        kv_heads, num_seqs, section, q_box_heads,
+        shared_bytes=kernel.shared_bytes,
+        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip
-    tensors = tuple(t for t in (q, k, v, out, lse, tail_out, tail_lse, cu_seqlens_q, cu_seqlens_k) if t is not None)
-    kernel(grid, (config.threads, 1, 1), *params, shared_bytes=kernel.shared_bytes, tensors=tensors)
-    if walk.tail_works:
-        get_kernel(config.build(arch), _ENTRY_SM90_TAIL, q.device)((walk.tail_works, 1, 1), (256, 1, 1), *params,
-                                                                   tensors=tensors)  # fmt: skip
     return out, lse
 
 

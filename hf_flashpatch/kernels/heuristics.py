@@ -120,14 +120,10 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
 class HopperSchedule:
     """The Hopper forward's grid and work order (``fwd_hopper_ws.cu``: CTA ``b`` takes tile ``b`` of every round of
     ``ctas`` work tiles, masked builds in reverse every odd round; ``section``: pairs per section of the work order,
-    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``; ``tail_works``: the last works of the order,
-    split into key-tile ranges over ``tail_ctas`` CTAs instead of a last round of whole works, see ``TailSplit``
-    there and :func:`split_tail`)."""
+    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``)."""
 
     ctas: int
     section: int = 0
-    tail_works: int = 0
-    tail_ctas: int = 0
 
     def one_cta_per_tile(self, tiles: int) -> bool:
         """Whether every CTA of this walk over ``tiles`` work tiles takes one."""
@@ -144,24 +140,9 @@ WORK_TILE_OVERHEAD = 1.0
 MODELLED_MAX_TILES = 4096
 
 
-def split_tail(tiles: int, ctas: int, key_tiles: int) -> HopperSchedule:
-    """The walk of ``tiles`` equal work tiles of ``key_tiles`` key tiles each on ``ctas`` CTAs: whole works in rounds,
-    and the last ``tiles % ctas`` (a round only some CTAs would work in) split into one even range of key tiles per
-    CTA, where that is modelled faster: a work weighs ``key_tiles + WORK_TILE_OVERHEAD``; a CTA's range pays the
-    overhead of its two pieces, and the combining kernel about a work tile's overhead more."""
-    tail = tiles % ctas
-    if tail == 0 or tiles <= ctas:
-        return HopperSchedule(ctas)
-    split = tail * key_tiles / ctas + 3 * WORK_TILE_OVERHEAD
-    if split >= key_tiles + WORK_TILE_OVERHEAD:
-        return HopperSchedule(ctas)
-    return HopperSchedule(ctas, tail_works=tail, tail_ctas=ctas)
-
-
 @functools.lru_cache(maxsize=256)
 def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: int, block_n: int, left: int,
-                            right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int,
-                            can_split_tail: bool = False) -> HopperSchedule:  # fmt: skip
+                            right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
     """Grid and work order of the Hopper forward: ``pairs`` (kv head, sequence) pairs of ``ceil(seqlen_q * group /
     block_m)`` query tiles each (packed rows: positions x the group's query heads), ``block_n``-key tiles, the folded
     window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` SMs (one CTA each).
@@ -169,8 +150,7 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     - Varlen: tiles of different sequences weigh differently in ways the host does not know: one CTA per tile, the
       hardware handing each SM the next (pair-major, heaviest first).
     - Unmasked, fixed length: every tile weighs the same, so the plain walk is balanced and persistent CTAs (one per
-      SM) save a prologue and an epilogue per tile: ``min(tiles, sms)``; with ``can_split_tail`` (the builds with the
-      split tail, ``fwd_hopper_ws.cu`` ``kTail``) the last round's works split over every CTA (:func:`split_tail`).
+      SM) save a prologue and an epilogue per tile: ``min(tiles, sms)``.
     - Masked (causal / window), fixed length: persistent with the sectioned order and the snake walk where a model
       of the schedule (each tile weighs the key tiles it sees + ``WORK_TILE_OVERHEAD``) gives a makespan at least
       2 % under that of one CTA per tile (the hardware's next-free-SM order), over sections of 1, 2, 4, ... pairs
@@ -183,8 +163,6 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     if varlen:
         return HopperSchedule(tiles)
     if left < 0 and right < 0:
-        if can_split_tail:
-            return split_tail(tiles, min(tiles, sms), -(-seqlen_k // block_n))
         return HopperSchedule(min(tiles, sms))
     if tiles > MODELLED_MAX_TILES:
         return HopperSchedule(tiles)

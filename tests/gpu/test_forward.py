@@ -301,45 +301,6 @@ def test_persistent_masked_walks_match_one_cta_per_tile(forward_variant, dims, w
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), (ctas, section)
 
 
-@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["d128", "d192-128"])
-@pytest.mark.parametrize("seqlen", [1050, 3000])
-def test_split_tail_matches_whole_works(forward_variant, dims, seqlen):
-    """The unmasked persistent walk with its last works split into key-tile ranges over the CTAs (fwd_geometry.cuh
-    TailSplit, combined by the tail kernel): for several CTA counts (a range holding pieces of one or two works, a
-    work in two or three pieces) the output and LSE match the walk of whole works within rounding and the oracle
-    within the usual bound; the launch's own schedule splits this shape on 132 SMs. GQA 8 / 2 heads, 3 sequences."""
-    from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape, hopper_forward_schedule
-
-    if forward_variant != "shipped" or not forward_tile_shape(dims[0], device_arch(torch.device("cuda")), False,
-                                                              dims[1]).wgmma:  # fmt: skip
-        pytest.skip("the walk is the Hopper body's")
-    torch.manual_seed(11)
-    d, d_v = dims
-    q = torch.randn(3, seqlen, 8, d, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(3, seqlen, 2, d, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(3, seqlen, 2, d_v, device="cuda", dtype=torch.bfloat16)
-    shape = forward_tile_shape(d, "sm_90a", False, d_v)
-    tiles = math.ceil(seqlen * 4 / shape.block_m) * 2 * 3
-    launch = lambda schedule: forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None,
-                                                     schedule=schedule)  # noqa: E731 fmt: skip
-    whole, whole_lse = launch(HopperSchedule(132))
-    want, want_lse = attention_reference(q.float(), k.float(), v.float())
-    bound = (whole.float() - want).abs().max().item()
-    assert bound < 2e-2
-    kv_bytes = seqlen * (d + d_v) * 2
-    default = hopper_forward_schedule(seqlen, seqlen, 4, shape.block_m, shape.block_n, -1, -1, 6, 132, False,
-                                      kv_bytes, True)  # fmt: skip
-    assert default.tail_works == tiles % 132 > 0 and default.tail_ctas == 132
-    for ctas in (132, 131, 100, tiles % 132):
-        split = HopperSchedule(132, 0, tiles % 132, ctas)
-        out, lse = launch(split)
-        assert not out.isnan().any() and not lse.isnan().any(), ctas
-        assert (out.float() - want).abs().max().item() <= 2 * bound + 1e-3, ctas
-        torch.testing.assert_close(out, whole, atol=1e-2, rtol=0)
-        torch.testing.assert_close(lse, whole_lse, atol=1e-4, rtol=1e-5)
-        torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
-
-
 @pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 4), (8, 2), (16, 2), (6, 2)], ids=["g1", "g2", "g4", "g8", "g3"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (200, 37)], ids=["full", "causal", "window200-37"])
