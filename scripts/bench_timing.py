@@ -22,16 +22,42 @@ def time_ms(fn: Callable[[], object]) -> float:
     return do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = ROUNDS) -> dict[str, list[float] | Exception]:
-    """``{name: milliseconds of each round}``, the names timed in turn in every round; an implementation that
-    raises (a peer backend missing for this shape) maps to its exception and is not timed again."""
+def time_sustained_ms(fn: Callable[[], object], seconds: float = 1.0) -> float:
+    """Mean milliseconds of ``fn`` called back to back for about ``seconds`` (no cache flush between calls), one
+    pair of CUDA events around the whole window: the clock state of a long training or generation run, where the
+    GPU's clock has settled under the load (``time_ms`` times about 40 ms of calls, each after an L2 flush)."""
+    import time
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls, began = 0, time.perf_counter()
+    start.record()
+    while time.perf_counter() - began < seconds:
+        for _ in range(4):
+            fn()
+        calls += 4
+        torch.cuda.synchronize()  # keeps the host within a few calls of the GPU, so the window is what ran
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = ROUNDS,
+                timer: Callable[[Callable[[], object]], float] = None) -> dict[str, list[float] | Exception]:  # fmt: skip
+    """``{name: milliseconds of each round}``, the names timed in turn in every round (by ``timer``, ``time_ms``
+    unless given); an implementation that raises (a peer backend missing for this shape) maps to its exception and
+    is not timed again."""
+    timer = timer or time_ms
     times: dict[str, list[float] | Exception] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             if isinstance(times[name], Exception):
                 continue
             try:
-                times[name].append(time_ms(fn))
+                times[name].append(timer(fn))
             except Exception as exc:  # noqa: BLE001 - reported by the caller as the row's error
                 times[name] = exc
     return times

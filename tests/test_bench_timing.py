@@ -33,3 +33,12 @@ def test_rounds_run_in_turns_and_a_failing_peer_is_dropped(monkeypatch):
     assert bench_timing.median_ms(times["ours"]) == 1.1
     ratio, low, high = bench_timing.speed_ratio(times["ours"], times["peer"])
     assert (low, ratio, high) == pytest.approx((2.0, 2.0, 2.6 / 1.2))  # per round: 2.0, 2.1667, 2.0
+
+
+def test_a_given_timer_times_every_round_in_turns(monkeypatch):
+    """``time_rounds(..., timer=)`` (the sustained benchmark's back-to-back windows) replaces ``time_ms``."""
+    monkeypatch.setattr(bench_timing, "time_ms", lambda fn: pytest.fail("the default timer ran"))
+    seen = []
+    times = bench_timing.time_rounds({"ours": lambda: 1, "peer": lambda: 2}, rounds=2,
+                                     timer=lambda fn: seen.append(fn()) or 0.5 * fn())  # fmt: skip
+    assert seen == [1, 2, 1, 2] and times == {"ours": [0.5, 0.5], "peer": [1.0, 1.0]}
