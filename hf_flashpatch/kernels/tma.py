@@ -101,7 +101,7 @@ def stats_descriptor(stats: torch.Tensor, step_rows: int) -> bytes:
     then D), for the rows of a step of ``step_rows`` in one box of both (rank 4: rows, heads, batch, the two; no
     swizzle). The rows are the innermost dim, where a copy must start 16-byte aligned: a box starts at the step's
     first row rounded down to a multiple of ``STATS_ALIGN_ROWS`` and has that many rows more
-    (``cuda/bwd_hopper.cuh``, ``kHStatsRows``); it lands as those rows' lse2 followed by their D."""
+    (``cuda/bwd_hopper_tiles.cuh``, ``kHStatsRows``); it lands as those rows' lse2 followed by their D."""
     two, batch, heads, rows = stats.shape
     if two != 2 or stats.dtype != torch.float32 or not stats.is_contiguous() or stats.data_ptr() % 16:
         raise TmaUnsupported(f"the row statistics map takes a contiguous, 16-byte aligned (2, batch, heads, rows) "
