@@ -84,7 +84,7 @@ struct KeyTiles {
 template <bool kWindowed, int kBlockM, int kBlockN>
 __device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, int group, WindowShifts shifts,
                                                       int seqlen_k) {
-  const int pos_first = max(p0, 0) / group;  // a tile aligned to the sequence's end starts before it (query_tile)
+  const int pos_first = p0 / group;
   const int pos_last = (min(p0 + kBlockM, packed_rows) - 1) / group;
   const int key_lo = row_key_range<kWindowed>(pos_first, shifts, seqlen_k).lo;
   const int key_hi = row_key_range<kWindowed>(pos_last, shifts, seqlen_k).hi;
@@ -99,11 +99,6 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, i
 // the tile's kBlockM packed rows from p0, and the key tiles those rows see. Bottom-right alignment: query i
 // sits at key i + seqlen_k - seqlen_q (shifts). A tile that starts past the sequence's packed rows is empty
 // (the mma.sync body's CTA returns before any barrier; the persistent body skips it in every role).
-// kAlignEnd (the Hopper body's masked builds): the tiles end at the sequence's last packed row instead of starting
-// at its first, so the partial tile (packed rows not a multiple of kBlockM) is the first one, p0 < 0, whose rows
-// see the fewest keys, not the last, which sees the most: there a math warpgroup without rows would idle through
-// the heaviest work (d64's 192-row tiles at 2048 positions: 10 2/3 tiles). Rows before 0 are loaded as zeros (or
-// not at all), computed like the others (each row alone) and never stored.
 struct QueryTile {
   int kv_head, batch;
   SequenceSpan span;
@@ -167,7 +162,7 @@ __device__ __forceinline__ int walk_work(int round) {
   return round * static_cast<int>(gridDim.x) + (kSnake && (round & 1) ? static_cast<int>(gridDim.x) - 1 - b : b);
 }
 
-template <bool kWindowed, int kBlockM, int kBlockN, bool kAlignEnd = false>
+template <bool kWindowed, int kBlockM, int kBlockN>
 __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords work) {
   const int m_block = work.m_block, kv_head = work.kv_head, batch = work.batch;
   QueryTile tile;
@@ -176,7 +171,7 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   tile.span = sequence_span(p, batch);
   tile.group = p.group;
   tile.packed_rows = tile.span.seqlen_q * p.group;
-  tile.p0 = m_block * kBlockM - (kAlignEnd ? (kBlockM - tile.packed_rows % kBlockM) % kBlockM : 0);
+  tile.p0 = m_block * kBlockM;
   tile.shifts = window_shifts(tile.span.seqlen_k - tile.span.seqlen_q, p.window_left, p.window_right);
   tile.keys = visible_key_tiles<kWindowed, kBlockM, kBlockN>(tile.p0, tile.packed_rows, p.group, tile.shifts,
                                                              tile.span.seqlen_k);
@@ -195,7 +190,7 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
     const int w = walk_work<kWindowed>(round);
     if (w >= num_work) continue;
-    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
+    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
     if (!tile.empty()) body(tile);
   }
 }
@@ -203,11 +198,10 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
 // The key tiles that the kRows packed rows of `tile` from `first_row` see: visible_key_tiles of those rows alone,
 // a sub-range of the tile's (a row's first and last visible key never decrease with its position). Every score
 // of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them
-// without changing a bit of its rows. Rows wholly past the sequence, or wholly before it: no tile.
+// without changing a bit of its rows. Rows wholly past the sequence: no tile.
 template <bool kWindowed, int kRows, int kBlockN>
 __device__ __forceinline__ KeyTiles row_key_tiles(const QueryTile& tile, int first_row) {
-  if (first_row >= tile.packed_rows || first_row + kRows <= 0)
-    return {0, 0, tile.keys.n_block_min, tile.keys.n_block_min, 0};
+  if (first_row >= tile.packed_rows) return {0, 0, tile.keys.n_block_min, tile.keys.n_block_min, 0};
   return visible_key_tiles<kWindowed, kRows, kBlockN>(first_row, tile.packed_rows, tile.group, tile.shifts,
                                                       tile.span.seqlen_k);
 }

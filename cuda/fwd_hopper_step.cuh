@@ -259,7 +259,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int packed = tile.p0 + warp_row0 + h * 8 + g;
-    if (packed >= tile.packed_rows || packed < 0) continue;  // < 0: before the sequence (query_tile's kAlignEnd)
+    if (packed >= tile.packed_rows) continue;
     int head;
     const int pos = row_of(packed, head);
     if constexpr (!kStaged) {
@@ -279,7 +279,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     __syncwarp();
     hfp::sm90::copy_warp_rows<HEAD_DIM_V>(staging, lane, [&](int r) -> void* {
       const int packed = tile.p0 + warp_row0 + r;
-      if (packed >= tile.packed_rows || packed < 0) return nullptr;
+      if (packed >= tile.packed_rows) return nullptr;
       int head;
       const int pos = row_of(packed, head);
       return out + pos * p.o_seq_stride + head * p.o_head_stride;

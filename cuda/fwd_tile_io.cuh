@@ -75,15 +75,15 @@ __device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packe
   using W = ChunkWalk<kHeadDim, kRows, kThreadCount>;
   if constexpr (W::kFixedColumn) {
     const int row0 = W::row0(tid), col = W::col(tid);
-    const int first = p0 + row0;  // < 0 in a tile aligned to the sequence's end (query_tile): rounded down
-    int pos = group == 1 ? first : (first >= 0 ? first / group : -((group - 1 - first) / group));
+    const int first = p0 + row0;
+    int pos = group == 1 ? first : first / group;
     int head = first - pos * group;
     const int step_pos = group == 1 ? W::kRowStep : W::kRowStep / group;
     const int step_head = W::kRowStep - step_pos * group;
 #pragma unroll
     for (int i = 0; i < W::kPerThread; ++i) {
       const int row = row0 + i * W::kRowStep;
-      fn(row, col, pos, head, p0 + row < packed_rows && p0 + row >= 0);
+      fn(row, col, pos, head, p0 + row < packed_rows);
       pos += step_pos;
       head += step_head;
       if (head >= group) {
@@ -97,8 +97,8 @@ __device__ __forceinline__ void for_each_packed_chunk(int tid, int p0, int packe
       const int chunk = tid + i * kThreadCount;
       const int row = chunk / L::kChunksPerRow;
       const int packed = p0 + row;
-      const int pos = group == 1 ? packed : packed / group;  // packed < 0: not valid, pos unused
-      fn(row, (chunk % L::kChunksPerRow) * 8, pos, packed - pos * group, packed < packed_rows && packed >= 0);
+      const int pos = group == 1 ? packed : packed / group;
+      fn(row, (chunk % L::kChunksPerRow) * 8, pos, packed - pos * group, packed < packed_rows);
     }
   }
 }

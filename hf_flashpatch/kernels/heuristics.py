@@ -167,11 +167,10 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     if tiles > MODELLED_MAX_TILES:
         return HopperSchedule(tiles)
     shift = seqlen_k - seqlen_q  # bottom-right aligned: query position i sits at key position i + shift
-    offset = -seqlen_q * group % block_m  # masked tiles end at the last packed row (fwd_geometry.cuh query_tile)
     key_tiles = []
     for m in range(count):
-        first = max(0, m * block_m - offset) // group + shift
-        last = min(seqlen_q - 1, ((m + 1) * block_m - offset - 1) // group) + shift
+        first = m * block_m // group + shift
+        last = min(seqlen_q - 1, ((m + 1) * block_m - 1) // group) + shift
         lo = max(0, first - left) if left >= 0 else 0
         hi = min(seqlen_k, last + right + 1) if right >= 0 else seqlen_k
         key_tiles.append(max(0, -(-hi // block_n) - lo // block_n) if hi > lo else 0)
