@@ -25,21 +25,25 @@ def time_ms(fn: Callable[[], object]) -> float:
 def time_sustained_ms(fn: Callable[[], object], seconds: float = 1.0) -> float:
     """Mean milliseconds of ``fn`` called back to back for about ``seconds`` (no cache flush between calls), one
     pair of CUDA events around the whole window: the clock state of a long training or generation run, where the
-    GPU's clock has settled under the load (``time_ms`` times about 40 ms of calls, each after an L2 flush)."""
+    GPU's clock has settled under the load (``time_ms`` times about 40 ms of calls, each after an L2 flush). The
+    window is queued without synchronising inside it (the call count comes from a synchronised estimate first), so
+    the GPU does not wait on the host's next launch between calls."""
     import time
 
     import torch
 
     fn()
     torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    per_call_s = (time.perf_counter() - began) / 3
+    calls = max(4, int(seconds / per_call_s))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    calls, began = 0, time.perf_counter()
     start.record()
-    while time.perf_counter() - began < seconds:
-        for _ in range(4):
-            fn()
-        calls += 4
-        torch.cuda.synchronize()  # keeps the host within a few calls of the GPU, so the window is what ran
+    for _ in range(calls):
+        fn()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / calls
