@@ -17,7 +17,8 @@ the last bits from call to call).
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward and backward (kernel time in a CUDA graph, and per eager call), 4 x 4096, 16 heads,
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
-  and not), at d96 and d256 (the mma.sync body), causal, and at q/k 192, v 128, causal (forward and backward);
+  and not), both at 1 x 16384 (d128, causal and not), the forward at d96 and d256 (the mma.sync body), causal, and
+  at q/k 192, v 128, causal (forward and backward);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -94,6 +95,9 @@ def _cases(torch, hfp):
     for d, heads in [(128, 16), (64, 32)]:  # bench_backward's 2k rows: 8 sequences, short blocks (one wave = 132)
         q, k, v = rand(8, 2048, heads, d), rand(8, 2048, heads, d), rand(8, 2048, heads, d)
         cases[f"bwd d{d} 8x2k full"] = (backward_case(q, k, v, False), "graph")
+    for causal in (False, True):  # bench_backward's d128 16k rows: one sequence of 16 heads
+        q, k, v = rand(1, 16384, 16, 128), rand(1, 16384, 16, 128), rand(1, 16384, 16, 128)
+        cases[f"bwd d128 1x16k {'causal' if causal else 'full'}"] = (backward_case(q, k, v, causal), "graph")
     q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
     cases["bwd d192/128 4x4k causal"] = (backward_case(q, k, v, True), "graph")
     for length in (4096, 16384):  # the fine-tune shape: one sequence, 32 / 8 heads (few blocks: 8 x length / 128)
