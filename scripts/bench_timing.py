@@ -50,7 +50,7 @@ def time_sustained_ms(fn: Callable[[], object], seconds: float = 1.0) -> float:
 
 
 def time_rounds(fns: dict[str, Callable[[], object]], rounds: int = ROUNDS,
-                timer: Callable[[Callable[[], object]], float] = None) -> dict[str, list[float] | Exception]:  # fmt: skip
+                timer: Callable[[Callable[[], object]], float] | None = None) -> dict[str, list[float] | Exception]:  # fmt: skip
     """``{name: milliseconds of each round}``, the names timed in turn in every round (by ``timer``, ``time_ms``
     unless given); an implementation that raises (a peer backend missing for this shape) maps to its exception and
     is not timed again."""
