@@ -28,10 +28,11 @@
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
-// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
+// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128, 160 or 176),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
-// through the Q rows), ELEM_BF16, HAS_MASK.
+// through the Q rows), COPY_Q_AHEAD (the next work's Q rows copied during this work, into a second buffer),
+// ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -69,6 +70,10 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
+// COPY_Q_AHEAD: the math warps copy the next work's Q rows while this work runs, into a second Q buffer, so that a
+// work does not wait for its Q at its start; not with Q by the TMA (which loads it in time itself) nor the staged
+// output (staged in the Q rows the next work's copy may already fill).
+static_assert(!kCopyQAhead || (!kQByTma && !kStagedOutput), "Q copied ahead: by the math warps, output from registers");
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -133,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -158,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -205,16 +210,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
                            warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
 
   int ring = 0, works = 0;  // as the producer's
-  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+  bool q_copied = false;    // kCopyQAhead: this work's Q rows were copied during the work before
+  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int round) {
+    const int q_buffer = kCopyQAhead ? works & 1 : 0;
+    auto copy_query_rows = [&](const QueryTile& work, int buffer) {
+      load_query_rows(smem.q_tile + buffer * kQBytes, p, work, warpgroup, math_tid & 127);
+      cp_async_commit();
+    };
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products
-      named_barrier_sync(kQRowsBarrier + warpgroup, 128);
-      load_query_rows(smem, p, tile, warpgroup, math_tid & 127);
-      cp_async_commit();
+      if (!q_copied) {
+        named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+        copy_query_rows(tile, q_buffer);
+      }
       cp_async_wait<0>();
       fence_proxy_async_shared();  // the copies, for the tensor cores' reads
       named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+      // kCopyQAhead: the next work's Q rows, copied during this work into the other buffer, whose last reader (the
+      // S = Q K^T of the work before) retired before the barrier just passed.
+      if constexpr (kCopyQAhead) {
+        const int next_round = next_work_round<kWindowed, kBlockM, BLOCK_N>(p, round + 1);
+        q_copied = next_round >= 0;
+        if (q_copied) copy_query_rows(round_work<kWindowed, kBlockM, BLOCK_N>(p, next_round), q_buffer ^ 1);
+      }
     }
     const int num_tiles = tile.keys.num_tiles;
     const int first_key0 = (tile.keys.n_block_max - 1) * BLOCK_N;
@@ -266,7 +285,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
       key_loop<kWindowed>(
-          rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
+          rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows.plus(q_buffer * kQBytes), desc.k_ring,
+          desc.v_ring,
           [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
           [&](int i) { return wait_values(first + i); }, [&](int i) { release_keys(first + i); },
           [&](int i) { release_values(first + i); }, release_queries);

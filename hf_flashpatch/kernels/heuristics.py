@@ -52,6 +52,7 @@ class TileShape:
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
+    copy_q_ahead: bool = False  # wgmma body: the math warps copy the next work's Q rows a work ahead (two Q buffers)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
