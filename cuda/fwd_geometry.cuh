@@ -182,29 +182,8 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   return tile;
 }
 
-// The work tile CTA blockIdx.x takes in round `round` (empty past the last tile, or past a varlen sequence's end).
-template <bool kWindowed, int kBlockM, int kBlockN>
-__device__ __forceinline__ QueryTile round_work(const FwdParams& p, int round) {
-  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  const int w = walk_work<kWindowed>(round);
-  QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, min(w, num_work - 1)));
-  if (w >= num_work) tile.p0 = tile.packed_rows;  // empty
-  return tile;
-}
-
-// The first round from `round` on in which CTA blockIdx.x takes a work tile that is not empty; -1 if none is left.
-template <bool kWindowed, int kBlockM, int kBlockN>
-__device__ __forceinline__ int next_work_round(const FwdParams& p, int round) {
-  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  for (; round * static_cast<int>(gridDim.x) < num_work; ++round)
-    if (!round_work<kWindowed, kBlockM, kBlockN>(p, round).empty()) return round;
-  return -1;
-}
-
 // Every work tile CTA blockIdx.x takes, in its order (walk_work over persistent_work), as a QueryTile; empty ones
-// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles: the
-// producer's threads with this, the math warps with next_work_round (their state crosses works, so no closure holds
-// it).
+// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it.
 template <bool kWindowed, int kBlockM, int kBlockN, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
@@ -212,7 +191,7 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
     const int w = walk_work<kWindowed>(round);
     if (w >= num_work) continue;
     const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
-    if (!tile.empty()) body(tile, round);
+    if (!tile.empty()) body(tile);
   }
 }
 

@@ -32,40 +32,34 @@ static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 160 || BLOCK_N == 17
               "S = Q K^T uses wgmma n64, n128, n160 or n176");
 
 // The kernel's shared-memory tiles, from the 1024-byte aligned base (the swizzle atoms need
-// it; the launch adds 1 KB of slack for rounding up): kQBuffers SW128 Q tiles (kBlockM, HEAD_DIM) (two with
-// COPY_Q_AHEAD: the next work's Q lands while this one's is read), then the K ring of KV_STAGES SW128 (BLOCK_N,
-// HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is where the kernel's own data (its
-// mbarriers) follow. Q buffer b is at q_tile + b * kQBytes, ring slot s of K at k_ring + s * kKBytes, of V at
-// v_ring + s * kVBytes.
+// it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring of
+// KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
+// where the kernel's own data (its mbarriers) follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
 struct SharedTiles {
   uint32_t q_tile, k_ring, v_ring, end;
 };
 
-constexpr bool kCopyQAhead = COPY_Q_AHEAD != 0;
-constexpr int kQBuffers = kCopyQAhead ? 2 : 1;
-
 // Bytes the launch provides for those tiles: the atom of slack for rounding the base up, Q and both rings.
-constexpr int kSharedTilesBytes =
-    hfp::sm90::kSwizzleAtomBytes + kQBuffers * kQBytes + KV_STAGES * (kKBytes + kVBytes);
+constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBytes + KV_STAGES * (kKBytes + kVBytes);
 
 __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_raw) {
   const uint32_t raw = hfp::smem_addr(smem_raw);
   const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);
-  const uint32_t k_ring = base + kQBuffers * kQBytes;
+  const uint32_t k_ring = base + kQBytes;
   const uint32_t v_ring = k_ring + KV_STAGES * kKBytes;
   return {base, k_ring, v_ring, v_ring + KV_STAGES * kVBytes};
 }
 
-// Copy math warpgroup `warpgroup`'s 64 rows of the packed Q tile (rows 64 * warpgroup.. of the SW128 Q tile at
-// q_tile) with cp.async; rows at or beyond the sequence's packed rows are zero-filled. tid: 0..127 within the
+// Copy math warpgroup `warpgroup`'s 64 rows of the packed Q tile (rows 64 * warpgroup.. of the SW128 Q tile)
+// with cp.async; rows at or beyond the sequence's packed rows are zero-filled. tid: 0..127 within the
 // warpgroup.
-__device__ __forceinline__ void load_query_rows(uint32_t q_tile, const hfp::fwd::FwdParams& p,
+__device__ __forceinline__ void load_query_rows(const SharedTiles& smem, const hfp::fwd::FwdParams& p,
                                                 const hfp::fwd::QueryTile& tile, int warpgroup, int tid) {
   const int row0 = 64 * warpgroup;
   hfp::fwd::for_each_packed_chunk<HEAD_DIM, 64, 128>(
       tid, tile.p0 + row0, tile.packed_rows, tile.group, [&](int row, int col, int pos, int head, bool valid) {
         const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
-        hfp::cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) +
+        hfp::cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) +
                              hfp::sm90::sw128_offset(row0 + row, (col % 64) / 8),
                          src, valid);
       });

@@ -29,10 +29,9 @@
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128, 160 or 176),
-// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
+// NUM_WG (math warpgroups), CTAS_PER_SM (2 with one math warpgroup, else 1), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
-// through the Q rows), COPY_Q_AHEAD (the next work's Q rows copied during this work, into a second buffer),
-// ELEM_BF16, HAS_MASK.
+// through the Q rows), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -48,15 +47,19 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
 // Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 32 + 3 x 160 (the
 // Q thread's masked walk spills at 24). With two math warpgroups and the Q thread: 40 + 2 x 232, the whole pool.
+// One math warpgroup (d128's short-sequence shape) runs two CTAs a SM (CTAS_PER_SM): 256 threads with a pool of 128
+// registers each, 24 + 232 (the whole pool), so that one CTA's work ends overlap the other's products.
 constexpr int kProducerRegisters = NUM_WG == 3 ? 32 : Q_BY_TMA ? 40 : 24;
-constexpr int kMathRegisters = NUM_WG == 3 ? 160 : Q_BY_TMA ? 232 : 240;
-constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
+constexpr int kMathRegisters = NUM_WG == 3 ? 160 : NUM_WG == 1 ? 256 - kProducerRegisters : Q_BY_TMA ? 232 : 240;
+constexpr int kEntryRegisters = (65536 / (kThreads * CTAS_PER_SM)) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;   // named barrier among the math warpgroups (0 is __syncthreads)
 constexpr int kQRowsBarrier = 2;  // 2 + w: math warpgroup w's threads (its Q rows)
-static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgroups, or three at head dim 64");
+static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64) || (NUM_WG == 1 && CTAS_PER_SM == 2),
+              "two math warpgroups, three at head dim 64, or one in each of two CTAs a SM");
+static_assert(CTAS_PER_SM == 1 || NUM_WG == 1, "two CTAs a SM with one math warpgroup each");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
 constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
@@ -70,10 +73,6 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
-// COPY_Q_AHEAD: the math warps copy the next work's Q rows while this work runs, into a second Q buffer, so that a
-// work does not wait for its Q at its start; not with Q by the TMA (which loads it in time itself) nor the staged
-// output (staged in the Q rows the next work's copy may already fill).
-static_assert(!kCopyQAhead || (!kQByTma && !kStagedOutput), "Q copied ahead: by the math warps, output from registers");
 template <int N>
 struct Columns {  // a tile's column count as a type, for the producer's one load for K and V
   static constexpr int value = N;
@@ -95,7 +94,7 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 // warps finish this one. A math warpgroup's 64 Q rows are its own (no other warpgroup reads them): the
 // producer's second thread loads them by the TMA (Q_BY_TMA builds, groups that divide 64), or the warpgroup
 // copies them.
-extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
   // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. With kSplitKV, K and V of a slot land and are handed back
@@ -138,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int) {
+      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -163,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int) {
+    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -210,30 +209,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
                            warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
 
   int ring = 0, works = 0;  // as the producer's
-  bool q_copied = false;    // kCopyQAhead: this work's Q rows were copied during the work before
-  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile, int round) {
-    const int q_buffer = kCopyQAhead ? works & 1 : 0;
-    auto copy_query_rows = [&](const QueryTile& work, int buffer) {
-      load_query_rows(smem.q_tile + buffer * kQBytes, p, work, warpgroup, math_tid & 127);
-      cp_async_commit();
-    };
+  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products
-      if (!q_copied) {
-        named_barrier_sync(kQRowsBarrier + warpgroup, 128);
-        copy_query_rows(tile, q_buffer);
-      }
+      named_barrier_sync(kQRowsBarrier + warpgroup, 128);
+      load_query_rows(smem, p, tile, warpgroup, math_tid & 127);
+      cp_async_commit();
       cp_async_wait<0>();
       fence_proxy_async_shared();  // the copies, for the tensor cores' reads
       named_barrier_sync(kQRowsBarrier + warpgroup, 128);
-      // kCopyQAhead: the next work's Q rows, copied during this work into the other buffer, whose last reader (the
-      // S = Q K^T of the work before) retired before the barrier just passed.
-      if constexpr (kCopyQAhead) {
-        const int next_round = next_work_round<kWindowed, kBlockM, BLOCK_N>(p, round + 1);
-        q_copied = next_round >= 0;
-        if (q_copied) copy_query_rows(round_work<kWindowed, kBlockM, BLOCK_N>(p, next_round), q_buffer ^ 1);
-      }
     }
     const int num_tiles = tile.keys.num_tiles;
     const int first_key0 = (tile.keys.n_block_max - 1) * BLOCK_N;
@@ -285,8 +270,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
       key_loop<kWindowed>(
-          rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows.plus(q_buffer * kQBytes), desc.k_ring,
-          desc.v_ring,
+          rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
           [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
           [&](int i) { return wait_values(first + i); }, [&](int i) { release_keys(first + i); },
           [&](int i) { release_values(first + i); }, release_queries);

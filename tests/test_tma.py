@@ -175,18 +175,14 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
         assert forward._query_map(hopper, q, group) == (tma.NO_DESCRIPTOR, 0)
     assert forward._query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     assert forward._query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
-    for field in ("q_by_tma", "own_key_tiles", "staged_output", "copy_q_ahead"):  # the mma.sync body has none
-        with pytest.raises(ValueError, match="the staged output and Q copied ahead are the wgmma body's"):
+    for field in ("q_by_tma", "own_key_tiles", "staged_output"):  # the mma.sync body has none of them
+        with pytest.raises(ValueError, match="Q by the TMA, own key tiles and the staged output are the wgmma body's"):
             dataclasses.replace(ampere, **{field: True})
     with pytest.raises(ValueError, match="the staged output at a v head dim of 128 with the Q rows copied"):
         dataclasses.replace(hopper, staged_output=True)  # d64, Q by the TMA: neither fits
-    with pytest.raises(ValueError, match="Q copied ahead where the math warps copy it"):
-        dataclasses.replace(hopper, copy_q_ahead=True)  # Q by the TMA needs no copy ahead
     # the choices are build defines (the kernel compiles only what its shape takes)
     assert dict(hopper.build().defines)["Q_BY_TMA"] == "1" and dict(copying.build().defines)["Q_BY_TMA"] == "0"
     assert dict(hopper.build().defines)["OWN_KEY_TILES"] == str(int(hopper.own_key_tiles))
-    ahead = dataclasses.replace(copying, copy_q_ahead=True)
-    assert dict(ahead.build().defines)["COPY_Q_AHEAD"] == "1" and dict(copying.build().defines)["COPY_Q_AHEAD"] == "0"
 
     def refuse(t, rows, box_heads=1):
         raise tma.TmaUnsupported("refused here")

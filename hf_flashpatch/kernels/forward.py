@@ -73,7 +73,6 @@ class ForwardConfig:
     q_by_tma: bool = False  # wgmma body: Q rows by a producer thread's TMA (TileShape.q_by_tma)
     own_key_tiles: bool = False  # wgmma body: each math warpgroup's own key tiles (TileShape.own_key_tiles)
     staged_output: bool = False  # wgmma body: the output through the Q rows (TileShape.staged_output)
-    copy_q_ahead: bool = False  # wgmma body: the next work's Q copied a work ahead (TileShape.copy_q_ahead)
 
     @property
     def value_dim(self) -> int:
@@ -85,9 +84,9 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.copy_q_ahead:
-            raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles, the staged output and Q copied ahead "
-                             f"are the wgmma body's, got {self}")  # fmt: skip
+        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output:
+            raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles and the staged output are the wgmma "
+                             f"body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -108,19 +107,19 @@ class ForwardConfig:
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
             and self.block_n in (64, 128, 160, 176) and rest == 0
-            and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
+            and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)) or math_warpgroups == 1)
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
-            and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
+            and not (self.q_in_registers or self.qk_prefetch)
+            and self.ctas_per_sm == (2 if math_warpgroups == 1 else 1)
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
-            and not (self.copy_q_ahead and (self.q_by_tma or self.staged_output))
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
                              f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160/176, a producer "
-                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
-                             f"at a v head dim of 128 with the Q rows copied; Q copied ahead where the math warps copy it and "
-                             f"the output leaves from registers), got {self}")  # fmt: skip
+                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64, or 1 in each of 2 CTAs a SM), "
+                             f">= 2 stages; the staged output at a v head dim of 128 with the Q rows copied), "
+                             f"got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -132,7 +131,7 @@ class ForwardConfig:
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
             wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax, q_by_tma=shape.q_by_tma,
-            own_key_tiles=shape.own_key_tiles, staged_output=shape.staged_output, copy_q_ahead=shape.copy_q_ahead,
+            own_key_tiles=shape.own_key_tiles, staged_output=shape.staged_output,
         )  # fmt: skip
 
     @property
@@ -150,10 +149,10 @@ class ForwardConfig:
             math_warpgroups = self.num_warps // 4 - 1
             defines = (
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
-                ("NUM_WG", math_warpgroups),
+                ("NUM_WG", math_warpgroups), ("CTAS_PER_SM", self.ctas_per_sm),
                 ("KV_STAGES", self.kv_stages), ("OVERLAP_SOFTMAX", int(self.overlap_softmax)),
                 ("Q_BY_TMA", int(self.q_by_tma)), ("OWN_KEY_TILES", int(self.own_key_tiles)),
-                ("STAGED_OUTPUT", int(self.staged_output)), ("COPY_Q_AHEAD", int(self.copy_q_ahead)),
+                ("STAGED_OUTPUT", int(self.staged_output)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
@@ -307,7 +306,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
-                                                   right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
+                                                   right, kv_heads * num_seqs,
+                                                   sm_count(q.device.index) * chosen.ctas_per_sm, varlen,
                                                    kv_bytes)  # fmt: skip
         grid, section = (walk.ctas, 1, 1), walk.section
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):

@@ -52,7 +52,6 @@ class TileShape:
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
-    copy_q_ahead: bool = False  # wgmma body: the math warps copy the next work's Q rows a work ahead (two Q buffers)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -146,7 +145,8 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
                             right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
     """Grid and work order of the Hopper forward: ``pairs`` (kv head, sequence) pairs of ``ceil(seqlen_q * group /
     block_m)`` query tiles each (packed rows: positions x the group's query heads), ``block_n``-key tiles, the folded
-    window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` SMs (one CTA each).
+    window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` CTA slots (the SMs times the
+    shape's ``ctas_per_sm``; "SM" below means a slot).
 
     - Varlen: tiles of different sequences weigh differently in ways the host does not know: one CTA per tile, the
       hardware handing each SM the next (pair-major, heaviest first).

@@ -355,56 +355,6 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkey
     torch.testing.assert_close(batched_lse, ref_lse, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("block_n", [128, 160])
-@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (6, 2)], ids=["mha", "g4", "g3"])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (200, 37)], ids=["full", "causal", "window200-37"])
-def test_query_rows_copied_ahead_equal_the_copy_at_each_work(forward_variant, block_n, heads, window):
-    """With copy_q_ahead the Hopper body's math warps copy the next work's Q rows during this work, into a second
-    buffer: the same bits as the copy at each work's start (same tiles), batched and varlen (a sequence without
-    keys, 1, 113, 239 and 1023 positions), on walks of several works a CTA, and the oracle's answer."""
-    from hf_flashpatch.kernels.heuristics import HopperSchedule
-
-    if forward_variant != "shipped" or device_arch(torch.device("cuda")) != "sm_90a":
-        pytest.skip("the Hopper body's Q copy")
-    torch.manual_seed(5)
-    (n_heads, n_kv), (left, right) = heads, window
-    seqlens_q, seqlens_k = [1, 113, 239, 1, 1023], [1, 113, 239, 0, 1023]
-    cu_q = torch.tensor([0] + seqlens_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + seqlens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(seqlens_q), n_heads, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(seqlens_k), n_kv, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(sum(seqlens_k), n_kv, 128, device="cuda", dtype=torch.bfloat16)
-    masked = left >= 0 or right >= 0
-    copied_at_start = dataclasses.replace(forward_tile_shape(128, "sm_90a", masked), block_n=block_n, kv_stages=2,
-                                          q_by_tma=False, staged_output=False, copy_q_ahead=False)  # fmt: skip
-    copied_ahead = dataclasses.replace(copied_at_start, copy_q_ahead=True)
-    group = n_heads // n_kv
-    tiles = math.ceil(max(seqlens_q) * group / copied_at_start.block_m) * n_kv * len(seqlens_q)
-
-    def launch(shape, varlen, ctas):
-        schedule = HopperSchedule(ctas)
-        if varlen:
-            return forward_module._launch(q, k, v, cu_q, cu_k, max(seqlens_q), max(seqlens_k), None, False, left,
-                                          right, None, shape=shape, schedule=schedule)  # fmt: skip
-        return forward_module._launch(q[None, 300:1300], k[None, 300:1300], v[None, 300:1300], None, None, None,
-                                      None, None, False, left, right, None, shape=shape, schedule=schedule)  # fmt: skip
-
-    for varlen in (False, True):
-        for ctas in (3, 17, tiles):
-            out, lse = launch(copied_ahead, varlen, ctas)
-            want, want_lse = launch(copied_at_start, varlen, ctas)
-            assert torch.equal(out, want) and torch.equal(lse, want_lse), (varlen, ctas)
-    out, lse = launch(copied_ahead, False, 5)
-    ref, ref_lse = attention_reference(q[None, 300:1300].float(), k[None, 300:1300].float(),
-                                       v[None, 300:1300].float(), window=window)  # fmt: skip
-    assert (out.float() - ref).abs().max().item() < 2e-2
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
-    out, lse = launch(copied_ahead, True, 4)
-    ref, ref_lse = varlen_attention_reference(q.float(), k.float(), v.float(), cu_q, cu_k, window=window)
-    assert (out.float() - ref).abs().max().item() < 2e-2
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
-
-
 def test_broadcast_kv_heads_are_read_from_a_copy():
     """K/V expanded over their heads (stride 0: no tensor map describes it) give the materialised result."""
     q = torch.randn(2, 300, 8, 128, device="cuda", dtype=torch.bfloat16)
