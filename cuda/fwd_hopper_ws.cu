@@ -28,8 +28,8 @@
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
-// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128, 160 or 176),
-// NUM_WG (math warpgroups), CTAS_PER_SM (2 with one math warpgroup, else 1), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
+// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
+// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), ELEM_BF16, HAS_MASK.
 #include "fwd_hopper_step.cuh"
@@ -47,19 +47,15 @@ constexpr int kThreads = kProducerThreads + kMathThreads;
 // 168 x 384. A request beyond the pool never returns (a first version with 32 + 2 x 240 hung).
 // Three math warpgroups (512 threads, d64's 192-row tiles) leave a pool of 128 per thread: 32 + 3 x 160 (the
 // Q thread's masked walk spills at 24). With two math warpgroups and the Q thread: 40 + 2 x 232, the whole pool.
-// One math warpgroup (d128's short-sequence shape) runs two CTAs a SM (CTAS_PER_SM): 256 threads with a pool of 128
-// registers each, 24 + 232 (the whole pool), so that one CTA's work ends overlap the other's products.
 constexpr int kProducerRegisters = NUM_WG == 3 ? 32 : Q_BY_TMA ? 40 : 24;
-constexpr int kMathRegisters = NUM_WG == 3 ? 160 : NUM_WG == 1 ? 256 - kProducerRegisters : Q_BY_TMA ? 232 : 240;
-constexpr int kEntryRegisters = (65536 / (kThreads * CTAS_PER_SM)) / 8 * 8;
+constexpr int kMathRegisters = NUM_WG == 3 ? 160 : Q_BY_TMA ? 232 : 240;
+constexpr int kEntryRegisters = (65536 / kThreads) / 8 * 8;
 static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThreads <= kEntryRegisters * kThreads,
               "the register split must fit the CTA's pool");
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;   // named barrier among the math warpgroups (0 is __syncthreads)
 constexpr int kQRowsBarrier = 2;  // 2 + w: math warpgroup w's threads (its Q rows)
-static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64) || (NUM_WG == 1 && CTAS_PER_SM == 2),
-              "two math warpgroups, three at head dim 64, or one in each of two CTAs a SM");
-static_assert(CTAS_PER_SM == 1 || NUM_WG == 1, "two CTAs a SM with one math warpgroup each");
+static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgroups, or three at head dim 64");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
 constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
@@ -94,7 +90,7 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 // warps finish this one. A math warpgroup's 64 Q rows are its own (no other warpgroup reads them): the
 // producer's second thread loads them by the TMA (Q_BY_TMA builds, groups that divide 64), or the warpgroup
 // copies them.
-extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
   // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. With kSplitKV, K and V of a slot land and are handed back

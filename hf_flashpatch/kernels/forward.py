@@ -106,20 +106,18 @@ class ForwardConfig:
         dims = (self.head_dim, self.value_dim)
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
-            and self.block_n in (64, 128, 160, 176) and rest == 0
-            and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)) or math_warpgroups == 1)
+            and self.block_n in (64, 128, 176) and rest == 0
+            and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
-            and not (self.q_in_registers or self.qk_prefetch)
-            and self.ctas_per_sm == (2 if math_warpgroups == 1 else 1)
+            and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
-                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160/176, a producer "
-                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64, or 1 in each of 2 CTAs a SM), "
-                             f">= 2 stages; the staged output at a v head dim of 128 with the Q rows copied), "
-                             f"got {self}")  # fmt: skip
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/176, a producer "
+                             f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
+                             f"at a v head dim of 128 with the Q rows copied), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -149,7 +147,7 @@ class ForwardConfig:
             math_warpgroups = self.num_warps // 4 - 1
             defines = (
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
-                ("NUM_WG", math_warpgroups), ("CTAS_PER_SM", self.ctas_per_sm),
+                ("NUM_WG", math_warpgroups),
                 ("KV_STAGES", self.kv_stages), ("OVERLAP_SOFTMAX", int(self.overlap_softmax)),
                 ("Q_BY_TMA", int(self.q_by_tma)), ("OWN_KEY_TILES", int(self.own_key_tiles)),
                 ("STAGED_OUTPUT", int(self.staged_output)),
@@ -306,8 +304,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
-                                                   right, kv_heads * num_seqs,
-                                                   sm_count(q.device.index) * chosen.ctas_per_sm, varlen,
+                                                   right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
                                                    kv_bytes)  # fmt: skip
         grid, section = (walk.ctas, 1, 1), walk.section
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):

@@ -145,8 +145,7 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
                             right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
     """Grid and work order of the Hopper forward: ``pairs`` (kv head, sequence) pairs of ``ceil(seqlen_q * group /
     block_m)`` query tiles each (packed rows: positions x the group's query heads), ``block_n``-key tiles, the folded
-    window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` CTA slots (the SMs times the
-    shape's ``ctas_per_sm``; "SM" below means a slot).
+    window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` SMs (one CTA each).
 
     - Varlen: tiles of different sequences weigh differently in ways the host does not know: one CTA per tile, the
       hardware handing each SM the next (pair-major, heaviest first).
