@@ -107,6 +107,9 @@ SPECIAL = {
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
     "bamba": dict(attn_layer_indices=[1]),
     "granitemoehybrid": dict(layer_types=["mamba", "attention"]),
+    # its indexer scores with the query heads of K/V head 0 (at most the group), from pools of whole blocks
+    "kolibri1_1": dict(index_num_heads=2, index_topk=8, index_pool_size=32, index_compression=4,
+                       index_num_local_tokens=4, index_num_sink_tokens=2),
 }  # fmt: skip
 
 
@@ -524,8 +527,8 @@ and `generate_batch`. Its default run covers {representative}; `-m slow` runs ev
 - **our kernels**: every attention call runs on hf_flashpatch's kernels (their torch fallback on CPU).
   Multi-head latent attention (DeepSeek-V2/V3 and its family: V's head dim differs from Q/K's) runs on the
   kernels at any pair (`hf_flashpatch/kernels/value_head_dim.py`): on Hopper at 192/128 (DeepSeek-V2/V3) a
-  native forward kernel, elsewhere the forward on inputs zero-padded to one kernel head dim (exact), the
-  backward always padded, and the decode kernels at 192/128 directly; on a GPU the decode steps of other pairs
+  native forward and backward kernel (the backward with softcap or `deterministic=True` padded), elsewhere both on
+  inputs zero-padded to one kernel head dim (exact), and the decode kernels at 192/128 directly; on a GPU the decode steps of other pairs
   take transformers' sdpa with one `value head dim` warning, which this CPU-made table lists in the row's
   "why", not in "what runs".
 - **fallback (reason)**: calls our kernels cannot serve go to transformers' own sdpa or eager attention
@@ -582,7 +585,8 @@ def _refused_rows():
     """Rows patch() must refuse: the 4-D-mask readers, and models whose attention bypasses AttentionInterface."""
     rows = architecture_rows()
     bypass = [t for t, row in rows.items() if row.skip and "no attention through AttentionInterface" in row.skip]
-    return sorted(unpatchable.READS_4D_MASK) + bypass[:3]  # a few of the second kind by default
+    no_attention = [t for t in ("mamba", "falcon_mamba") if t in bypass]  # transformers lets these switch
+    return sorted(unpatchable.READS_4D_MASK) + sorted(set(bypass[:3] + no_attention))  # a few of the second kind
 
 
 @pytest.mark.parametrize("refused", _refused_rows())

@@ -14,7 +14,7 @@ from . import paged_kernel
 from .attention import attention_forward
 from .masks import register_mask
 from .paged import continuous_batching_forward, paged_attention_forward
-from .unpatchable import refuse_if_not_switched, refuse_if_reads_4d_mask
+from .unpatchable import refuse_if_no_interface_attention, refuse_if_not_switched, refuse_if_reads_4d_mask
 
 _log = logging.getLogger(__name__)
 _registered: set[str] = set()
@@ -157,13 +157,14 @@ def patch(model: torch.nn.Module, *, name: str = "hfpatch") -> torch.nn.Module:
     It registers ``name`` if needed and calls ``model.set_attn_implementation(name)``, so the weights,
     device and dtype are untouched and ``model.set_attn_implementation("sdpa")`` switches back. Padding,
     packed sequences, KV caches, sliding windows and continuous batching (``generate_batch``) all run
-    through the hf_flashpatch API from then on. A model that no attention backend can serve (it does not
-    use transformers' ``AttentionInterface``, or reads the 4-D mask itself) raises
+    through the hf_flashpatch API from then on. A model that no attention backend can serve (it has no
+    attention, does not use transformers' ``AttentionInterface``, or reads the 4-D mask itself) raises
     :class:`~hf_flashpatch.errors.UnsupportedModel` naming why, and is left as it was.
     """
     if not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"patch() needs a transformers PreTrainedModel, got {type(model).__name__}")
     refuse_if_reads_4d_mask(model)  # UnsupportedModel, before anything changes
+    refuse_if_no_interface_attention(model)
     register(name)
     model.set_attn_implementation(name)
     refuse_if_not_switched(model, name)  # transformers left it as it was: say so
