@@ -14,3 +14,30 @@ def spills_by_entry(report: str) -> dict[str, tuple[int, int]]:
         if found and entry is not None:
             spills[entry] = (int(found.group(1)), int(found.group(2)))
     return spills
+
+
+def descriptor_moves_inside_wgmma_groups(sass: str) -> list[str]:
+    """The ``R2UR`` instructions that move an operand descriptor into a uniform register between two HGMMAs of one
+    wgmma group (after an HGMMA without ``gsb0``, feeding the next HGMMA's ``gdesc[URn]``, which reads URn..URn+3).
+    Each makes that HGMMA wait for a vector-to-uniform move: a descriptor derived from a per-thread value (the
+    warpgroup as ``tid / 128`` rather than ``uniform_warpgroup``) puts two of them before every HGMMA of the chain."""
+    moves, pending, open_group = [], [], False
+    for line in sass.splitlines():
+        instruction = line.split(";")[0]
+        if "HGMMA" in instruction:
+            found = re.search(r"gdesc\[UR(\d+)\]", instruction)
+            if open_group and found:
+                first = int(found.group(1))
+                moves += [move for register, move in pending if first <= register < first + 4]
+            open_group, pending = "gsb0" not in instruction, []
+        elif "WARPGROUP." in instruction:
+            open_group, pending = False, []
+        elif open_group:
+            found = re.search(r"R2UR\s+UR(\d+),", instruction)
+            if found:
+                pending.append((int(found.group(1)), instruction.strip()))
+            else:  # a later write of the register hides the move
+                written = re.search(r"^\s*(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?U\w+(?:\.\w+)*\s+UR(\d+)", instruction)
+                if written:
+                    pending = [(r, m) for r, m in pending if r != int(written.group(1))]
+    return moves

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from ptxas_report import spills_by_entry
+from ptxas_report import descriptor_moves_inside_wgmma_groups, spills_by_entry
 
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.backward import BackwardConfig, all_builds
@@ -95,6 +95,8 @@ def test_backward_sass_uses_tensor_cores_and_no_local_memory(tmp_path):
             # wgmma kept asynchronous: ptxas serialising it puts a wait behind every HGMMA
             waits, mmas = atomic.count("WARPGROUP.DEPBAR"), len(re.findall(r"\bHGMMA\.", atomic))
             assert waits * 4 < mmas, f"{build}: {waits} wgmma waits for {mmas} HGMMA (serialised)"
+            moves = descriptor_moves_inside_wgmma_groups(atomic)  # each HGMMA of the chain would wait on them
+            assert not moves, f"{build}: descriptors moved into uniform registers inside a wgmma chain: {moves[:2]}"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{build}: local-memory loads/stores in the SASS"
 
 

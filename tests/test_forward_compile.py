@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ptxas_report import descriptor_moves_inside_wgmma_groups
 
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc, shared_bytes_of
@@ -103,6 +104,8 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
         if build.source.startswith("fwd_hopper"):  # warpgroup MMA, and no fallback to the Ampere instruction
             assert re.search(r"HGMMA\.64x\d+x16\.F32", sass), f"{_build_id(build)}: no wgmma (HGMMA) in the SASS"
             assert "HMMA" not in sass, f"{_build_id(build)}: mma.sync in the Hopper body"
+            moves = descriptor_moves_inside_wgmma_groups(sass)  # each HGMMA of the chain would wait on them
+            assert not moves, f"{_build_id(build)}: descriptors moved into uniform registers: {moves[:2]}"
         else:
             assert "HMMA.16816.F32" in sass, f"{_build_id(build)}: no m16n8k16 tensor-core MMA in the SASS"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{_build_id(build)}: local-memory traffic in the SASS"
