@@ -60,7 +60,8 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   const uint32_t full_bars = stats_t + kHQStages * kHStatsBytes;  // (kHQStages,) stage mbarriers, 8-aligned
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2;
+  const int wg = uniform_warpgroup(tid);  // warp >> 2, which the compiler knows is warp-uniform: what depends on it
+                                          // (operand descriptors, row offsets) stays in uniform registers
   const int g = lane >> 2, t4 = lane & 3;
   const DkdvBlock blk = dkdv_block(heavy_first);
   const int n_block = blk.n_block, hk = blk.kv_head, b = blk.batch;
@@ -123,7 +124,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
   const uint32_t ds_lane = ds_key * kHRowBytes + ((((lane >> 4) ^ ds_key) & 7) << 4);
   // Operand descriptors step from one: the aligned base with leading offset 0 (hopper.cuh, tile()).
   const SteppedDescriptor smem_desc = SteppedDescriptor::at(base, 0, kSwizzleAtomBytes);
-  const uint32_t wg_rows = uniform_warpgroup(tid) * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
+  const uint32_t wg_rows = wg * 64 * kHRowBytes;  // this warpgroup's first K / V row (bytes)
 
   // Step `at`'s stage has landed; varlen: the rows past the sequence are the next one's, or tokens of no sequence
   // (anything, NaN too). Their P^T is masked to 0, their D is finite (bwd_preprocess); zero their Q and dO, so 0
@@ -330,7 +331,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
     // ---- every step, both warpgroups: d128 its 64 columns, d64 its 64 query rows; 192/128 one warpgroup columns
     // ---- 0-63 and 128-191 (two rounds, one after the other: 64 accumulators would not fit next to dK / dV), the
     // ---- other 64-127, swapping shares from step to step
-    const bool dq_wide = kHValueOwn && ((uniform_warpgroup(tid) + step) & 1) == 0;
+    const bool dq_wide = kHValueOwn && ((wg + step) & 1) == 0;
     const SteppedDescriptor ds_rows =  // this step's buffer; kHDqRows: this warpgroup's queries
         ds_mnmajor.plus((step % kHDsBuffers) * kHDsBytes + (kHDqRows ? wg_rows / (64 * kHRowBytes) : 0) * kHDsSubBytes);
     const int q_row = (kHDqRows ? wg * 64 : 0) + (warp & 3) * 16 + g;      // query within the step
@@ -338,7 +339,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
 #pragma unroll
     for (int round = 0; round < kHDqRounds; ++round) {
       if (round > 0 && !dq_wide) break;
-      const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? uniform_warpgroup(tid) : 0;
+      const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? wg : 0;
       float dq[32];
       fence_operands(dq);
       if constexpr (kHScoresAhead) fence_operands(s_ahead);  // the next step's S^T, issued while dQ runs
