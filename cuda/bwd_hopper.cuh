@@ -339,7 +339,7 @@ __device__ __forceinline__ void dkdv_wgmma_body(const TmaDescriptor& dq_map, con
 #pragma unroll
     for (int round = 0; round < kHDqRounds; ++round) {
       if (round > 0 && !dq_wide) break;
-      const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? wg : 0;
+      const int col_tile = kHValueOwn ? (round > 0 ? 2 : dq_wide ? 0 : 1) : kHDqSplit ? wg : 0;  // 64-column block
       float dq[32];
       fence_operands(dq);
       if constexpr (kHScoresAhead) fence_operands(s_ahead);  // the next step's S^T, issued while dQ runs

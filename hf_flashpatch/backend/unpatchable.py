@@ -32,8 +32,8 @@ READS_4D_MASK = {
     "doge": "dynamic mask",
     "git": "image-text attention",
     "deepseek_v4": "compressed-attention block bias",
-    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4", "kolibri1_1", "qwen4_exp_text"),
-                    "sparse-attention indexer"),
+    **dict.fromkeys(("axk2", "deepseek_v32", "dots3_note_text", "glm_moe_dsa", "hy_v4", "kolibri1_1",
+                     "qwen4_exp_text"), "sparse-attention indexer"),
 }  # fmt: skip
 
 
