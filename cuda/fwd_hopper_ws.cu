@@ -32,6 +32,9 @@
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), ELEM_BF16, HAS_MASK.
+#ifndef KV_CLUSTER
+#define KV_CLUSTER 1
+#endif
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
@@ -67,6 +70,15 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 // Q rows, free from a work's last S to the next work's copy (so not with Q by the TMA, which may land the next Q
 // there first); else it is stored from the accumulators.
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
+// KV_CLUSTER = 2: the grid runs in clusters of two CTAs that take works of one pair with the same key tiles at the
+// same time (heuristics.hopper_forward_schedule launches it so), and each CTA's producer loads half the rows of
+// every K and V tile into both CTAs' rings (a TMA multicast): the L2 serves each tile once per cluster. A slot is
+// then reused once the math warps of both CTAs released it.
+constexpr int kKvCluster = KV_CLUSTER;
+static_assert(kKvCluster == 1 || (kKvCluster == 2 && !kWindowed && !kQByTma && !kOwnKeyTiles && BLOCK_N % 16 == 0),
+              "K/V multicast: unmasked works of equal key tiles, the math warps copying Q, tiles of whole 8-row "
+              "swizzle atoms per CTA");
+constexpr int kKvRowsPerCta = BLOCK_N / kKvCluster;  // the K/V rows of a tile that one CTA's producer loads
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
 template <int N>
@@ -90,7 +102,12 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 // warps finish this one. A math warpgroup's 64 Q rows are its own (no other warpgroup reads them): the
 // producer's second thread loads them by the TMA (Q_BY_TMA builds, groups that divide 64), or the warpgroup
 // copies them.
-extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
+#if KV_CLUSTER > 1
+#define HFP_FORWARD_CLUSTER __cluster_dims__(KV_CLUSTER, 1, 1)
+#else
+#define HFP_FORWARD_CLUSTER
+#endif
+extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
   // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. With kSplitKV, K and V of a slot land and are handed back
@@ -110,8 +127,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     for (int s = 0; s < KV_STAGES; ++s) {
       mbarrier_init(k_full_bars + 8 * s, 1);  // the producer thread's arrival (+ the bytes it announces)
       mbarrier_init(v_full_bars + 8 * s, 1);
-      mbarrier_init(k_empty_bars + 8 * s, kMathWarps);
-      mbarrier_init(v_empty_bars + 8 * s, kMathWarps);
+      mbarrier_init(k_empty_bars + 8 * s, kMathWarps * kKvCluster);  // every math warp of the cluster
+      mbarrier_init(v_empty_bars + 8 * s, kMathWarps * kKvCluster);
     }
     if constexpr (kQByTma) {
 #pragma unroll
@@ -120,8 +137,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         mbarrier_init(q_empty_bars + 8 * w, 4);  // the warpgroup's four warps
       }
     }
+    if constexpr (kKvCluster > 1) fence_mbarrier_init_cluster();
   }
-  __syncthreads();  // the barriers are initialised before anyone waits on or arrives at them
+  // The barriers are initialised before anyone waits on or arrives at them (in the cluster: before a peer's copies
+  // or arrivals reach them).
+  if constexpr (kKvCluster > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
+  const uint32_t cta_rank = kKvCluster > 1 ? cluster_rank() : 0;
 
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
@@ -173,9 +198,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         auto load = [&](auto columns, uint32_t full, uint32_t ring_base, const TmaDescriptor& map) {
           constexpr int kColumns = decltype(columns)::value;
 #pragma unroll
-          for (int sub = 0; sub < kColumns / 64; ++sub)
-            load_box(ring_base + slot * (BLOCK_N * kColumns * 2) + sub * (BLOCK_N * kSubTileRowBytes), map, sub * 64,
-                     tile.kv_head, key_row, batch, full);
+          for (int sub = 0; sub < kColumns / 64; ++sub) {
+            // This CTA's rows of the tile (all of them, or its half of a multicast one, which the cluster's other
+            // producer completes) in each 64-column sub-tile.
+            const uint32_t dst = ring_base + slot * (BLOCK_N * kColumns * 2) + sub * (BLOCK_N * kSubTileRowBytes) +
+                                 cta_rank * (kKvRowsPerCta * kSubTileRowBytes);
+            const int row = key_row + static_cast<int>(cta_rank) * kKvRowsPerCta;
+            if constexpr (kKvCluster > 1) {
+              load_box_multicast(dst, map, sub * 64, tile.kv_head, row, batch, full, (1u << kKvCluster) - 1);
+            } else {
+              load_box(dst, map, sub * 64, tile.kv_head, row, batch, full);
+            }
+          }
         };
         if constexpr (kSplitKV) {
           load(Columns<HEAD_DIM>{}, claim(k_empty_bars, k_full_bars, kKBytes), smem.k_ring, p.k_tma);
@@ -187,6 +221,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
         }
       }
     });
+    if constexpr (kKvCluster > 1) {
+      // The other CTA's math warps arrive on this CTA's empty barriers: stay until the last tiles of every slot
+      // were released (by both CTAs), so that no arrival reaches a CTA that has exited.
+      for (int r = max(0, ring - KV_STAGES); r < ring; ++r) {
+        mbarrier_wait(k_empty_bars + 8 * (r % KV_STAGES), (r / KV_STAGES) & 1);
+        if constexpr (kSplitKV) mbarrier_wait(v_empty_bars + 8 * (r % KV_STAGES), (r / KV_STAGES) & 1);
+      }
+    }
     return;
   }
 
@@ -245,7 +287,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) hfp_attention_forward_
     };
     auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
       __syncwarp();
-      if (lane == 0) mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+      if (lane == 0) {
+        mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+        // A multicast slot is rewritten in both CTAs: the other CTA's producer waits for this warp too.
+        if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
+      }
     };
     // K is handed back once S retired, V once P V did; with one barrier a slot, the slot once P V did.
     auto release_keys = [&](int r) {

@@ -104,6 +104,35 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, int parity) {
       : "memory");
 }
 
+// Clusters (sm_90): CTAs launched together on one GPC that may write into each other's shared memory (a TMA
+// multicast) and arrive on each other's mbarriers.
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+// Make this thread's mbarrier initialisations visible to the cluster (before the cluster barrier that publishes
+// them).
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// A barrier of every thread of every CTA of the cluster (also a barrier of this CTA's threads).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Arrive on the mbarrier at this CTA's shared address `bar` in the shared memory of cluster CTA `rank`. The
+// default CTA-scope release: what the arrival announces is that this warp's wgmma reads of a slot retired (its
+// wait did that), not memory the other CTA reads, and a cluster-scope release costs a GPU-wide MEMBAR per arrival.
+__device__ __forceinline__ void mbarrier_arrive_in(uint32_t bar, uint32_t rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar),
+      "r"(rank)
+      : "memory");
+}
+
 // Per-warpgroup register budgets of warp-specialised kernels (the kernel needs a register cap at entry:
 // __launch_bounds__(threads, 1)); every warp of the warpgroup must execute it.
 template <int kRegisters>

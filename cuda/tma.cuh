@@ -48,6 +48,17 @@ __device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc
       : "memory");
 }
 
+// load_box into shared address `dst` of every CTA of the cluster in `cta_mask` (bit r: rank r), signalling its
+// bytes on the mbarrier at `bar` in each of them.
+__device__ __forceinline__ void load_box_multicast(uint32_t dst, const TmaDescriptor& desc, int x0, int x1, int x2,
+                                                   int x3, uint32_t bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&desc)), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+
 // Add the fp32 box at (column, row, head, batch) of `desc`'s tensor, read from shared address `src` (1024-byte
 // aligned, the map's 128-byte swizzle), into global memory; part of this thread's current bulk async-group.
 __device__ __forceinline__ void reduce_add_box(const TmaDescriptor& desc, uint32_t src, int column, int row, int head,

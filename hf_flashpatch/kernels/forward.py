@@ -30,6 +30,7 @@ and v where the warp-specialised body streams them with the TMA and the driver c
 The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -73,6 +74,7 @@ class ForwardConfig:
     q_by_tma: bool = False  # wgmma body: Q rows by a producer thread's TMA (TileShape.q_by_tma)
     own_key_tiles: bool = False  # wgmma body: each math warpgroup's own key tiles (TileShape.own_key_tiles)
     staged_output: bool = False  # wgmma body: the output through the Q rows (TileShape.staged_output)
+    kv_cluster: int = 1  # wgmma body: CTAs sharing each K/V tile by a multicast (TileShape.kv_cluster)
 
     @property
     def value_dim(self) -> int:
@@ -84,7 +86,7 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output:
+        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1:
             raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles and the staged output are the wgmma "
                              f"body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
@@ -112,6 +114,8 @@ class ForwardConfig:
             and self.kv_stages >= 2
             and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
+            and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
+                                                                        or self.own_key_tiles)))
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
@@ -129,7 +133,7 @@ class ForwardConfig:
             num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
             qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
             wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax, q_by_tma=shape.q_by_tma,
-            own_key_tiles=shape.own_key_tiles, staged_output=shape.staged_output,
+            own_key_tiles=shape.own_key_tiles, staged_output=shape.staged_output, kv_cluster=shape.kv_cluster,
         )  # fmt: skip
 
     @property
@@ -153,6 +157,8 @@ class ForwardConfig:
                 ("STAGED_OUTPUT", int(self.staged_output)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
+            if self.kv_cluster != 1:  # the source's default is 1 (the other builds' keys unchanged)
+                defines += (("KV_CLUSTER", self.kv_cluster),)
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
@@ -235,12 +241,13 @@ def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
     body). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
     if not config.wgmma or k.numel() == 0:  # no keys: the kernel issues no copy (and a map cannot be empty)
         return k, v, tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR
+    rows = config.block_n // config.kv_cluster  # a CTA's share of each tile (all of it without the multicast)
     try:
-        return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
+        return k, v, tma.descriptor(k, rows), tma.descriptor(v, rows)
     except tma.TmaUnsupported:
         k, v = k.contiguous(), v.contiguous()
     try:
-        return k, v, tma.descriptor(k, config.block_n), tma.descriptor(v, config.block_n)
+        return k, v, tma.descriptor(k, rows), tma.descriptor(v, rows)
     except tma.TmaUnsupported as exc:  # the torch fallback serves the call
         raise KernelUnsupported(f"the Hopper forward cannot map k/v for the TMA: {exc}") from exc
 
@@ -309,6 +316,14 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         grid, section = (walk.ctas, 1, 1), walk.section
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
             chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
+        if chosen.kv_cluster > 1:
+            # Clustered CTAs take works b and b + 1 of a round: one pair's, with the same key tiles, when the pair's
+            # query tiles and the grid divide by the cluster (EXPERIMENT: the grid's co-residency not checked yet).
+            ctas = walk.ctas - walk.ctas % chosen.kv_cluster
+            if varlen or masked or m_blocks % chosen.kv_cluster or ctas == 0:
+                chosen = dataclasses.replace(chosen, kv_cluster=1)
+            else:
+                grid = (ctas, 1, 1)
     else:
         grid = (m_blocks, kv_heads, num_seqs)
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], masked, chosen, arch, head_dim_v)
