@@ -74,9 +74,9 @@ def _macros() -> dict[str, str]:
 
 
 def _entry_pattern(entry: str) -> re.Pattern:
-    """The opening of ``extern "C" __global__ void [__launch_bounds__(...)] entry(``."""
-    return re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?' + re.escape(entry)
-                      + r"\s*\(")  # fmt: skip
+    """The opening of ``extern "C" __global__ void [__launch_bounds__(...)] [ATTRIBUTE_MACRO] entry(``."""
+    return re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:(?:__launch_bounds__\([^)]*\)|[A-Z][A-Z0-9_]*)\s*)*'
+                      + re.escape(entry) + r"\s*\(")  # fmt: skip
 
 
 _SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4, "T": 64}  # the alignment of each letter's C type
