@@ -31,7 +31,8 @@
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
-// through the Q rows), ELEM_BF16, HAS_MASK.
+// through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),
+// ELEM_BF16, HAS_MASK.
 #ifndef KV_CLUSTER
 #define KV_CLUSTER 1
 #endif
@@ -71,9 +72,10 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 // there first); else it is stored from the accumulators.
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 // KV_CLUSTER = 2: the grid runs in clusters of two CTAs that take works of one pair with the same key tiles at the
-// same time (heuristics.hopper_forward_schedule launches it so), and each CTA's producer loads half the rows of
-// every K and V tile into both CTAs' rings (a TMA multicast): the L2 serves each tile once per cluster. A slot is
-// then reused once the math warps of both CTAs released it.
+// same time (heuristics.clustered_schedule launches it only so: with CTA b of a round taking work b, an unmasked
+// fixed-length problem whose pairs have an even number of query tiles), and each CTA's producer loads half the
+// rows of every K and V tile into both CTAs' rings (a TMA multicast): the L2 serves each tile once per cluster. A
+// slot is then reused once the math warps of both CTAs released it.
 constexpr int kKvCluster = KV_CLUSTER;
 static_assert(kKvCluster == 1 || (kKvCluster == 2 && !kWindowed && !kQByTma && !kOwnKeyTiles && BLOCK_N % 16 == 0),
               "K/V multicast: unmasked works of equal key tiles, the math warps copying Q, tiles of whole 8-row "

@@ -182,6 +182,31 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
     assert grid == (ctas, 1, 1) and args[-2] == section  # FwdParams.work_section (q_box_heads follows)
 
 
+def test_clustered_schedule_decisions():
+    """The K/V multicast's clusters (heuristics.clustered_schedule) only where the CTAs of a cluster take one pair's
+    works with the same key tiles in every round, and where the GPU holds the whole grid as clusters at once; the
+    co-residency is asked last (it loads the clustered build)."""
+    from hf_flashpatch.kernels.heuristics import HopperSchedule, clustered_schedule
+
+    asked = []
+
+    def resident(count):
+        return lambda: asked.append(count) or count
+
+    walk = HopperSchedule(132)
+    assert clustered_schedule(walk, 2, 16, False, False, resident(66)) == HopperSchedule(132, kv_cluster=2)
+    assert clustered_schedule(HopperSchedule(64), 2, 16, False, False, resident(66)).kv_cluster == 2  # one round
+    assert asked == [66, 66]
+    assert clustered_schedule(walk, 2, 15, False, False, resident(66)) == walk  # odd query tiles: pairs would split
+    assert clustered_schedule(walk, 2, 16, True, False, resident(66)) == walk  # masked: key tiles differ per work
+    assert clustered_schedule(walk, 2, 16, False, True, resident(66)) == walk  # varlen: the same
+    assert clustered_schedule(HopperSchedule(131), 2, 16, False, False, resident(66)) == HopperSchedule(131)  # odd grid
+    assert clustered_schedule(walk, 1, 16, False, False, resident(66)) == walk  # a shape without the multicast
+    assert asked == [66, 66]  # none of those asked the driver
+    assert clustered_schedule(walk, 2, 16, False, False, resident(65)) == walk  # 130 CTAs at once: a second wave
+    assert clustered_schedule(walk, 2, 16, False, False, resident(0)) == walk  # the driver could not tell
+
+
 def test_hopper_forward_schedule_decisions():
     """The decision room's choices for the Hopper forward's grid, from its schedule model: persistent and balanced
     where the model finds a walk 2 % under one CTA per tile, K/V of a section within the L2 budget."""

@@ -37,6 +37,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import kernel_cache
+from .clusters import resident_clusters
 from .cubin_symbols import first_parameter_offset, read_int32
 from .sources import Signature, cuda_source_dir, entry_source, kernel_signature
 
@@ -287,6 +288,18 @@ class Kernel:
                                     f"of shared memory, the device allows {limit}")  # fmt: skip
         self._max_shared_set = 48 * 1024
         self._context = self._driver = None  # torch's primary context and pycuda.driver, at the first launch
+        self._resident_clusters: dict[tuple[int, int], int] = {}
+
+    def resident_clusters(self, cluster: int, threads: int) -> int:
+        """How many clusters of ``cluster`` CTAs of ``threads`` threads this kernel (compiled with that cluster
+        size) runs at once on its device (:mod:`.clusters`; 0 where the driver cannot tell). Asked once."""
+        found = self._resident_clusters.get((cluster, threads))
+        if found is None:
+            cubin, _ = compile_cubin(self.build)
+            with _InContext(self.device_index):
+                found = resident_clusters(cubin, self.entry, cluster, threads, self.shared_bytes)
+            self._resident_clusters[(cluster, threads)] = found
+        return found
 
     def set_signature(self, signature: Signature) -> None:
         self._leading = b""

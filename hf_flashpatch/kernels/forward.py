@@ -41,8 +41,8 @@ from ..errors import KernelUnsupported
 from . import forward_torch, tma
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
-from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, forward_tile_shape,
-                         hopper_forward_schedule, native_value_head_dim)
+from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
+                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -172,16 +172,22 @@ class ForwardConfig:
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every build shipped for ``arch``: dtype x head dim (and the v head dims of their own the arch's kernels
-    take) x masking x the Hopper walk's two forms (the CI compile check walks this list)."""
+    take) x masking x the Hopper walk's two forms, and a K/V multicast shape's plain build (the CI compile check
+    walks this list)."""
     dims = [(head_dim, None) for head_dim in SUPPORTED_HEAD_DIMS]
     dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
+
+    def with_plain(shape: TileShape) -> tuple[TileShape, ...]:  # the build a walk without clusters launches
+        return (shape, dataclasses.replace(shape, kv_cluster=1)) if shape.kv_cluster > 1 else (shape,)
+
     builds = [
         ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v).build(arch)
         for dtype in ("bf16", "fp16")
         for head_dim, head_dim_v in dims
         for has_mask in (False, True)
-        for shape in dict.fromkeys(forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
-                                   for one_cta_per_tile in (False, True))  # fmt: skip
+        for walk_shape in dict.fromkeys(forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
+                                        for one_cta_per_tile in (False, True))  # fmt: skip
+        for shape in with_plain(walk_shape)
     ]
     return list(dict.fromkeys(builds))
 
@@ -260,7 +266,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
             schedule: HopperSchedule | None = None):  # fmt: skip
     """Allocate ``out``/``lse`` and run the kernel. Layouts as in the module docstring. ``shape`` / ``schedule``:
     another tile shape / Hopper grid and work order than the heuristics' (benchmarks and tests); a ``shape`` given
-    is launched as it is, whatever the walk."""
+    is launched as it is, whatever the walk, except that its K/V multicast (``kv_cluster``) serves only where
+    ``heuristics.clustered_schedule`` allows it (a schedule's own ``kv_cluster`` is not read)."""
     _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
@@ -313,21 +320,18 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
                                                    right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
                                                    kv_bytes)  # fmt: skip
-        grid, section = (walk.ctas, 1, 1), walk.section
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
             chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
-        if chosen.kv_cluster > 1:
-            # Clustered CTAs take works b and b + 1 of a round: one pair's, with the same key tiles, when the pair's
-            # query tiles and the grid divide by the cluster (EXPERIMENT: the grid's co-residency not checked yet).
-            ctas = walk.ctas - walk.ctas % chosen.kv_cluster
-            if varlen or masked or m_blocks % chosen.kv_cluster or ctas == 0:
-                chosen = dataclasses.replace(chosen, kv_cluster=1)
-            else:
-                grid = (ctas, 1, 1)
+        grid, section = (walk.ctas, 1, 1), walk.section
     else:
         grid = (m_blocks, kv_heads, num_seqs)
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], masked, chosen, arch, head_dim_v)
-
+    if config.kv_cluster > 1:  # the K/V multicast where the walk can take clusters, else the shape's plain build
+        clustered = config
+        walk = clustered_schedule(dataclasses.replace(walk, kv_cluster=1), config.kv_cluster, m_blocks, masked, varlen,
+                                  lambda: get_kernel(clustered.build(arch), clustered.entry, q.device).resident_clusters(
+                                      clustered.kv_cluster, clustered.threads))  # fmt: skip
+        config = dataclasses.replace(config, kv_cluster=walk.kv_cluster)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)

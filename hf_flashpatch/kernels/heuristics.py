@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # ============================================================================================ forward
@@ -126,6 +127,7 @@ class HopperSchedule:
 
     ctas: int
     section: int = 0
+    kv_cluster: int = 1  # CTAs per cluster sharing each K/V tile (TileShape.kv_cluster; see clustered_schedule)
 
     def one_cta_per_tile(self, tiles: int) -> bool:
         """Whether every CTA of this walk over ``tiles`` work tiles takes one."""
@@ -177,6 +179,23 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
         hi = min(seqlen_k, last + right + 1) if right >= 0 else seqlen_k
         key_tiles.append(max(0, -(-hi // block_n) - lo // block_n) if hi > lo else 0)
     return _masked_schedule(tuple(key_tiles), pairs, sms, pair_kv_bytes)
+
+
+def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, masked: bool, varlen: bool,
+                       resident_clusters: Callable[[], int]) -> HopperSchedule:  # fmt: skip
+    """``walk`` in clusters of ``kv_cluster`` CTAs that share each K/V tile (a TMA multicast, ``TileShape.kv_cluster``)
+    where that serves, else ``walk`` itself. The CTAs of a cluster take works b, b + 1, ... of every round and load
+    every key tile in lock step, so their works must be one (kv head, sequence) pair's with the same key tiles: a
+    fixed-length unmasked problem (every query tile sees every key) whose pairs have a multiple of ``kv_cluster``
+    query tiles (``query_tiles``), on a grid of whole clusters. ``resident_clusters()``: how many clusters the GPU
+    runs at once (``build.Kernel.resident_clusters``, asked last: it loads the clustered build); where they hold
+    fewer CTAs than the walk's grid, the plain walk keeps its CTAs (a second wave of clusters would cost more than
+    the multicast saves)."""
+    if kv_cluster == 1 or masked or varlen or query_tiles % kv_cluster or walk.ctas % kv_cluster:
+        return walk
+    if resident_clusters() * kv_cluster < walk.ctas:
+        return walk
+    return dataclasses.replace(walk, kv_cluster=kv_cluster)
 
 
 def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair_kv_bytes: int) -> HopperSchedule:

@@ -332,7 +332,7 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkey
         return forward_module.tma.NO_DESCRIPTOR, 0
 
     masked = left >= 0 or right >= 0
-    shape = dataclasses.replace(forward_tile_shape(d, "sm_90a", masked, d_v), q_by_tma=True)
+    shape = dataclasses.replace(forward_tile_shape(d, "sm_90a", masked, d_v), q_by_tma=True, kv_cluster=1)
 
     def launch(varlen):
         if varlen:
@@ -353,6 +353,57 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkey
     batched, batched_lse = launch(False)
     assert (batched.float() - ref).abs().max().item() < 2e-2
     torch.testing.assert_close(batched_lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("case", [(2, 2048, 16, 16), (1, 1000, 8, 2), (3, 1000, 6, 1), (2, 300, 4, 4), (2, 250, 4, 4),
+                                  (5, 64, 12, 3)],
+                         ids=["2k-mha", "gqa4-partial-tile", "mqa-odd-tiles", "mha-odd-tiles", "one-round", "kv3-short"])  # fmt: skip
+def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch, case):
+    """The unmasked d128 shape's K/V multicast (clusters of two CTAs sharing every K/V tile: TileShape.kv_cluster,
+    heuristics.clustered_schedule) against the same walk without it: the same bits, matching the oracle; it runs
+    clustered exactly where each (kv head, sequence) pair has an even number of query tiles (else the plain build),
+    and the GPU holds all the walk's CTAs as clusters at once."""
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
+    if forward_variant != "shipped" or shape.kv_cluster == 1:
+        pytest.skip("the K/V multicast is the Hopper body's, unmasked d128")
+    batch, seqlen, heads, kv_heads = case
+    torch.manual_seed(11)
+    q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    clusters = []
+    real_get_kernel = forward_module.get_kernel
+
+    def recording_get_kernel(build, entry, *args, **kwargs):
+        kernel = real_get_kernel(build, entry, *args, **kwargs)
+        clusters.append(int(dict(build.defines).get("KV_CLUSTER", 1)))
+        return kernel
+
+    monkeypatch.setattr(forward_module, "get_kernel", recording_get_kernel)
+    launch = lambda tile_shape: forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None,
+                                                       shape=tile_shape)  # noqa: E731 fmt: skip
+    out, lse = launch(shape)
+    even = math.ceil(seqlen * heads // kv_heads / shape.block_m) % 2 == 0
+    assert clusters[-1] == (2 if even else 1), (clusters, even)
+    plain, plain_lse = launch(dataclasses.replace(shape, kv_cluster=1))
+    assert clusters[-1] == 1
+    assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+    _check(out, lse, q, k, v, causal=False)
+
+
+def test_the_device_holds_a_full_grid_of_multicast_clusters(forward_variant):
+    """The driver's count of co-resident clusters of the multicast build (kernels/clusters.py) covers one CTA per
+    SM, so the persistent walk keeps every SM; a count of 0 would mean the query failed and every call fell back."""
+    from hf_flashpatch.kernels.build import get_kernel, sm_count
+
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
+    if forward_variant != "shipped" or shape.kv_cluster == 1:
+        pytest.skip("the K/V multicast is the Hopper body's, unmasked d128")
+    config = forward_module.ForwardConfig.for_problem(128, "bf16", False, shape, "sm_90a")
+    kernel = get_kernel(config.build("sm_90a"), config.entry, torch.device("cuda"))
+    resident = kernel.resident_clusters(shape.kv_cluster, config.threads)
+    sms = sm_count(0)
+    assert resident * shape.kv_cluster >= sms - sms % shape.kv_cluster, (resident, sms)
 
 
 def test_broadcast_kv_heads_are_read_from_a_copy():
