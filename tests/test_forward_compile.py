@@ -119,12 +119,16 @@ def test_all_builds_cover_every_dtype_head_dim_and_mask():
     configs = {key(b) for b in BUILDS}
     # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, the warp-specialised wgmma body at
     # d64/d128 and at q/k 192 with v 128 (multi-head latent attention); masked d128 has a second, for walks of one
-    # work tile per CTA (heuristics.forward_tile_shape: the math warps copy Q)
+    # work tile per CTA (heuristics.forward_tile_shape: the math warps copy Q), and unmasked d128 a second, its plain
+    # build beside the K/V multicast one (for walks that cannot take clusters: heuristics.clustered_schedule)
     pairs = len(HOPPER_VALUE_HEAD_DIM_SHAPES)
     assert len(configs) == (len(SUPPORTED_HEAD_DIMS) + pairs) * 2 * 2
-    assert len(BUILDS) == len(configs) + 2
+    assert len(BUILDS) == len(configs) + 4
     twice = [k for k in configs if sum(key(b) == k for b in BUILDS) == 2]
-    assert sorted(twice) == [("0", "128", "128", "1"), ("1", "128", "128", "1")]
+    assert sorted(twice) == [("0", "128", "128", "0"), ("0", "128", "128", "1"), ("1", "128", "128", "0"),
+                             ("1", "128", "128", "1")]  # fmt: skip
+    clustered = [b for b in BUILDS if dict(b.defines).get("KV_CLUSTER")]
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in clustered] == [("128", "0")] * 2
     assert {(d, d_v) for _, d, d_v, _ in configs if d_v not in (None, d)} == {
         (str(d), str(d_v)) for d, d_v in HOPPER_VALUE_HEAD_DIM_SHAPES}
     assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper_ws.cu"}
@@ -167,10 +171,11 @@ def test_wgmma_body_only_on_sm90a():
 
 @pytest.mark.parametrize("head_dim", SUPPORTED_HEAD_DIMS)
 def test_tile_shapes_are_valid(head_dim):
-    shapes = [forward_tile_shape(head_dim, arch, m) for arch in ("sm_90a", "sm_80") for m in (False, True)]
-    for shape in shapes:
-        config = ForwardConfig.for_problem(head_dim, "bf16", True, shape)  # validates divisibility
-        assert config.build(shape.wgmma and "sm_90a" or "sm_80").source in ENTRIES, config
+    for arch in ("sm_90a", "sm_80"):
+        for masked in (False, True):
+            shape = forward_tile_shape(head_dim, arch, masked)
+            config = ForwardConfig.for_problem(head_dim, "bf16", masked, shape)  # validates divisibility
+            assert config.build(shape.wgmma and "sm_90a" or "sm_80").source in ENTRIES, config
 
 
 def test_config_rejects_bad_tiles():
@@ -182,6 +187,14 @@ def test_config_rejects_bad_tiles():
         ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)  # no producer
     with pytest.raises(ValueError, match="invalid wgmma tile"):
         ForwardConfig(head_dim=96, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)
+    multicast = dict(head_dim=128, dtype="bf16", block_m=128, block_n=176, num_warps=12, wgmma=True, kv_cluster=2)
+    ForwardConfig(**multicast)  # the unmasked d128 shape's
+    with pytest.raises(ValueError, match="invalid wgmma tile"):  # a masked walk's works see different key tiles
+        ForwardConfig(**multicast, has_mask=True)
+    with pytest.raises(ValueError, match="invalid wgmma tile"):
+        ForwardConfig(**{**multicast, "kv_cluster": 4})
+    with pytest.raises(ValueError, match="the wgmma body's"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, kv_cluster=2)
 
 
 def test_op_schema_and_fake_shapes():
