@@ -15,10 +15,11 @@ it.
 
 A kernel-layer refactor that must not change what runs (deleting unshipped variants, moving the tile
 choice) is proven harmless on the CPU by identical cubins (or SASS) for every problem the default dispatch
-serves: forward (dtype x head dim x masking), backward (dtype x head dim x softcap x deterministic),
-decode (dtype x head dim x addressing x softcap) and kv_append, on sm_90a (the Hopper bodies) and on
-sm_80 (the portable mma.sync bodies). Entries are keyed by the problem, not by the build's ``-D``
-macros, so a change that renames or drops macros but compiles the same code still compares equal.
+serves: forward (dtype x head dim x masking, and the plain build beside a K/V multicast one), backward
+(dtype x head dim x softcap x deterministic), decode (dtype x head dim x addressing x softcap) and
+kv_append, on sm_90a (the Hopper bodies) and on sm_80 (the portable mma.sync bodies). Entries are keyed by
+the problem, not by the build's ``-D`` macros, so a change that renames or drops macros but compiles the
+same code still compares equal.
 
 Cubins are compiled through :func:`hf_flashpatch.kernels.build.compile_cubin` into a throwaway cache
 directory, in parallel (``--jobs``). The sha256s depend on the nvcc version, which the manifest
@@ -30,6 +31,7 @@ the default test run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -91,7 +93,10 @@ def shipped_builds() -> dict:
             for d in HEAD_DIMS:
                 for mask in (False, True):
                     key = f"fwd/{arch}/{dtype_name}/d{d}/mask{int(mask)}"
-                    builds[key] = forward_config(d, dtype_name, mask, arch).build(arch)
+                    config = forward_config(d, dtype_name, mask, arch)
+                    builds[key] = config.build(arch)
+                    if getattr(config, "kv_cluster", 1) > 1:  # the plain build of walks that cannot take clusters
+                        builds[f"{key}/plain_walk"] = dataclasses.replace(config, kv_cluster=1).build(arch)
                     if "one_cta_per_tile" in inspect.signature(forward_config).parameters:  # the Hopper walk's form
                         build = forward_config(d, dtype_name, mask, arch, one_cta_per_tile=True).build(arch)
                         if build != builds[key]:
