@@ -292,9 +292,12 @@ class Kernel:
 
     def resident_clusters(self, cluster: int, threads: int) -> int:
         """How many clusters of ``cluster`` CTAs of ``threads`` threads this kernel (compiled with that cluster
-        size) runs at once on its device (:mod:`.clusters`; 0 where the driver cannot tell). Asked once."""
+        size) runs at once on its device (:mod:`.clusters`; 0 where the driver cannot tell). Asked once, and not
+        while a CUDA graph is being captured (loading a module then would end the capture): 0 for that call."""
         found = self._resident_clusters.get((cluster, threads))
         if found is None:
+            if torch.cuda.is_current_stream_capturing():
+                return 0
             cubin, _ = compile_cubin(self.build)
             with _InContext(self.device_index):
                 found = resident_clusters(cubin, self.entry, cluster, threads, self.shared_bytes)
