@@ -1,4 +1,4 @@
-"""CPU checks of kernels/clusters.py: without a driver, or with a cubin the driver refuses, the count of co-resident
+"""CPU checks of kernels/clusters.py: without a driver the count of co-resident
 clusters is 0, so the forward launches its plain build (heuristics.clustered_schedule, whose test_kernel_scalars
 case covers a count of 0) instead of failing."""
 
