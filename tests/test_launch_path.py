@@ -49,12 +49,9 @@ def test_every_kernel_parameter_list_is_read_from_the_sources():
     """Each extern "C" kernel of cuda/: one letter per parameter, unique names, found in its own file only;
     the shared lists (forward bodies, dK/dV kernels) give the same signature wherever they are used (the dK/dV
     kernel with dQ atomics takes dQ's tensor map first)."""
-    import re
-
     entries = {}
     for path in sorted(sources.cuda_source_dir().glob("*.cu")):
-        for entry in re.findall(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(',
-                                path.read_text()):  # fmt: skip
+        for entry in sources.entry_names(path.read_text()):
             entries[entry] = path.name
     assert {"hfp_attention_forward", "hfp_attention_forward_sm90_ws", "bwd_dkdv", "hfp_decode_split"} <= set(entries)
     for entry, source in entries.items():

@@ -73,10 +73,19 @@ def _macros() -> dict[str, str]:
     return macros
 
 
+# ``extern "C" __global__ void [__launch_bounds__(...)] [ATTRIBUTE_MACRO]``: what precedes a kernel's name (an
+# attribute macro such as the cluster dims of fwd_hopper_ws.cu).
+_ENTRY_OPENING = r'extern\s+"C"\s+__global__\s+void\s+(?:(?:__launch_bounds__\([^)]*\)|[A-Z][A-Z0-9_]*)\s*)*'
+
+
 def _entry_pattern(entry: str) -> re.Pattern:
-    """The opening of ``extern "C" __global__ void [__launch_bounds__(...)] [ATTRIBUTE_MACRO] entry(``."""
-    return re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:(?:__launch_bounds__\([^)]*\)|[A-Z][A-Z0-9_]*)\s*)*'
-                      + re.escape(entry) + r"\s*\(")  # fmt: skip
+    """The opening of kernel ``entry``'s definition, up to its parameter list's parenthesis."""
+    return re.compile(_ENTRY_OPENING + re.escape(entry) + r"\s*\(")
+
+
+def entry_names(text: str) -> list[str]:
+    """The ``extern "C"`` kernels the CUDA source ``text`` defines, in order."""
+    return re.findall(_ENTRY_OPENING + r"(\w+)\s*\(", text)
 
 
 _SIZES = {"P": 8, "q": 8, "i": 4, "I": 4, "f": 4, "T": 64}  # the alignment of each letter's C type
