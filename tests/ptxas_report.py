@@ -41,3 +41,19 @@ def descriptor_moves_inside_wgmma_groups(sass: str) -> list[str]:
                 if written:
                     pending = [(r, m) for r, m in pending if r != int(written.group(1))]
     return moves
+
+
+def gpu_fences_before_remote_arrivals(sass: str, window: int = 6) -> list[str]:
+    """The GPU-scope memory fences (``MEMBAR.ALL.GPU`` / ``.SYS``) among the ``window`` instructions before an arrival
+    on another CTA's mbarrier (``SYNCS.ARRIVE.TRANS64.RED``, from ``mbarrier.arrive`` on a ``shared::cluster``
+    address). A cluster-scope release on that arrival makes ptxas emit one before each (with ``ERRBAR`` /
+    ``CGAERRBAR``): it waits for every memory access the thread has in flight, once per K/V slot and warp."""
+    fences, recent = [], []
+    for line in sass.splitlines():
+        instruction = line.split(";")[0].strip()
+        if not re.match(r"/\*[0-9a-f]+\*/", instruction):
+            continue  # the encoding lines between instructions
+        if "SYNCS.ARRIVE.TRANS64.RED" in instruction:
+            fences += [f for f in recent if re.search(r"MEMBAR\.\w+\.(GPU|SYS)", f)]
+        recent = (recent + [instruction])[-window:]
+    return fences

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ptxas_report import descriptor_moves_inside_wgmma_groups
+from ptxas_report import descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals
 
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc, shared_bytes_of
@@ -106,6 +106,10 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
             assert "HMMA" not in sass, f"{_build_id(build)}: mma.sync in the Hopper body"
             moves = descriptor_moves_inside_wgmma_groups(sass)  # each HGMMA of the chain would wait on them
             assert not moves, f"{_build_id(build)}: descriptors moved into uniform registers: {moves[:2]}"
+            if dict(build.defines).get("KV_CLUSTER"):  # multicast loads, slots handed back to the other CTA unfenced
+                assert "UTMALDG.4D.MULTICAST" in sass and "SYNCS.ARRIVE.TRANS64.RED" in sass, _build_id(build)
+                fences = gpu_fences_before_remote_arrivals(sass)
+                assert not fences, f"{_build_id(build)}: a GPU-wide fence before each remote arrival: {fences[:1]}"
         else:
             assert "HMMA.16816.F32" in sass, f"{_build_id(build)}: no m16n8k16 tensor-core MMA in the SASS"
         assert not re.search(r"\b(LDL|STL)\b", sass), f"{_build_id(build)}: local-memory traffic in the SASS"

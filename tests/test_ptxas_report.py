@@ -1,7 +1,8 @@
 """The SASS readers of the compile-check tests, on excerpts of real sm_90a SASS (the d128 backward's dQ product
-before and after its descriptors moved to uniform registers)."""
+before and after its descriptors moved to uniform registers; the multicast forward's remote mbarrier arrival with a
+cluster-scope release and with the default one)."""
 
-from ptxas_report import descriptor_moves_inside_wgmma_groups
+from ptxas_report import descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals
 
 # dQ = dS K, K's descriptor derived from `tid / 128`: two R2UR before every HGMMA after the first
 CHAINED = """
@@ -44,3 +45,33 @@ def test_descriptor_moves_inside_wgmma_groups():
     assert moves[0].startswith("/*6910*/")  # not the moves before the group's first HGMMA
     assert descriptor_moves_inside_wgmma_groups(UNIFORM) == []
     assert descriptor_moves_inside_wgmma_groups(OVERWRITTEN) == []
+
+
+# a math warp handing a K/V slot back to the other CTA of its cluster, `mbarrier.arrive.release.cluster` (cuobjdump
+# prints an encoding line under each instruction)
+REMOTE_ARRIVAL_CLUSTER_RELEASE = """
+        /*3d10*/              @!P6 MEMBAR.ALL.GPU ;                                                      /* 0x000000000000e992 */
+                                                                                                         /* 0x020fec000000a000 */
+        /*3d20*/              @!P6 ERRBAR;                                                               /* 0x000000000000e9ab */
+                                                                                                         /* 0x000fc00000000000 */
+        /*3d30*/              @!P6 CGAERRBAR ;                                                           /* 0x000000000000e5ab */
+                                                                                                         /* 0x000fec0000000000 */
+        /*3d40*/              @!P6 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR14], RZ ;                        /* 0x000000ffffffe9a7 */
+"""
+# the same with the default (CTA-scope) release, as shipped: the local arrival, then the remote one
+REMOTE_ARRIVAL_DEFAULT = """
+        /*3ca0*/                   NOP ;                                                                 /* 0x0000000000007918 */
+                                                                                                         /* 0x000fe20000000000 */
+        /*3cb0*/              @!P6 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [UR55+0x34020], RZ ;                    /* 0x034020ffffffe9a7 */
+                                                                                                         /* 0x000fe20008100037 */
+        /*3cc0*/              @!P6 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR14], RZ ;                        /* 0x000000ffffffe9a7 */
+"""
+
+
+def test_gpu_fences_before_remote_arrivals_are_found():
+    found = gpu_fences_before_remote_arrivals(REMOTE_ARRIVAL_CLUSTER_RELEASE)
+    assert len(found) == 1 and "MEMBAR.ALL.GPU" in found[0]
+    assert gpu_fences_before_remote_arrivals(REMOTE_ARRIVAL_DEFAULT) == []
+    # a fence far before the arrival (outside the window) is not its release
+    far = REMOTE_ARRIVAL_CLUSTER_RELEASE.replace("@!P6 ERRBAR;", "@!P6 ERRBAR;\n" + "        /*3d21*/ NOP ;\n" * 6)
+    assert gpu_fences_before_remote_arrivals(far) == []
