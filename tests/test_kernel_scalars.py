@@ -205,6 +205,8 @@ def test_clustered_schedule_decisions():
     assert asked == [66, 66]  # none of those asked the driver
     assert clustered_schedule(walk, 2, 16, False, False, resident(65)) == walk  # 130 CTAs at once: a second wave
     assert clustered_schedule(walk, 2, 16, False, False, resident(0)) == walk  # the driver could not tell
+    # a walk handed in with clusters of its own is decided afresh: plain where the pairs would split
+    assert clustered_schedule(HopperSchedule(132, kv_cluster=2), 2, 15, False, False, resident(66)) == walk
 
 
 def test_hopper_forward_schedule_decisions():

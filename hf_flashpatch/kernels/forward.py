@@ -329,10 +329,11 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], masked, chosen, arch, head_dim_v)
     if config.kv_cluster > 1:  # the K/V multicast where the walk can take clusters, else the shape's plain build
         clustered = config
-        walk = clustered_schedule(dataclasses.replace(walk, kv_cluster=1), config.kv_cluster, m_blocks, masked, varlen,
+        walk = clustered_schedule(walk, config.kv_cluster, m_blocks, masked, varlen,
                                   lambda: get_kernel(clustered.build(arch), clustered.entry, q.device).resident_clusters(
                                       clustered.kv_cluster, clustered.threads))  # fmt: skip
-        config = dataclasses.replace(config, kv_cluster=walk.kv_cluster)
+        if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
+            config = dataclasses.replace(config, kv_cluster=1)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)

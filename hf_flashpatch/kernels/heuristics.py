@@ -192,10 +192,11 @@ def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, 
     runs at once (``build.Kernel.resident_clusters``, asked last: it loads the clustered build); where they hold
     fewer CTAs than the walk's grid, the plain walk keeps its CTAs (a second wave of clusters would cost more than
     the multicast saves)."""
+    plain = walk if walk.kv_cluster == 1 else dataclasses.replace(walk, kv_cluster=1)  # a given walk's is not read
     if kv_cluster == 1 or masked or varlen or query_tiles % kv_cluster or walk.ctas % kv_cluster:
-        return walk
+        return plain
     if resident_clusters() * kv_cluster < walk.ctas:
-        return walk
+        return plain
     return dataclasses.replace(walk, kv_cluster=kv_cluster)
 
 
