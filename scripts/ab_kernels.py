@@ -17,7 +17,7 @@ the last bits from call to call).
 Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
 - forward and backward (kernel time in a CUDA graph, and per eager call), 4 x 4096, 16 heads,
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
-  and not), both at 1 x 16384 (d128, causal and not), the forward at d96 and d256 (the mma.sync body), causal, and
+  and not) and 2 x 8192 (d128), both at 1 x 16384 (d128, causal and not), the forward at d96 and d256 (the mma.sync body), causal, and
   at q/k 192, v 128, causal (forward and backward);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
