@@ -97,11 +97,10 @@ def shipped_builds() -> dict:
                     builds[key] = config.build(arch)
                     if getattr(config, "kv_cluster", 1) > 1:  # the plain build of walks that cannot take clusters
                         builds[f"{key}/plain_walk"] = dataclasses.replace(config, kv_cluster=1).build(arch)
-                    for form in ("one_cta_per_tile", "short_keys"):  # the Hopper walk's form, short-key problems'
-                        if form in inspect.signature(forward_config).parameters:
-                            build = forward_config(d, dtype_name, mask, arch, **{form: True}).build(arch)
-                            if build != builds[key]:
-                                builds[f"{key}/{form}"] = build
+                    if "one_cta_per_tile" in inspect.signature(forward_config).parameters:  # the Hopper walk's form
+                        build = forward_config(d, dtype_name, mask, arch, one_cta_per_tile=True).build(arch)
+                        if build != builds[key]:
+                            builds[f"{key}/one_cta_per_tile"] = build
                 for softcap in (False, True):
                     for det in (False, True):
                         config = backward_config(d, dtype, softcap, arch, deterministic=det)

@@ -209,29 +209,6 @@ def test_clustered_schedule_decisions():
     assert clustered_schedule(HopperSchedule(132, kv_cluster=2), 2, 15, False, False, resident(66)) == walk
 
 
-def test_short_key_problems_take_128_key_multicast_tiles():
-    """Unmasked fixed-length d128 problems of at most SHORT_KEYS keys take the 128-key, three-stage multicast shape;
-    longer ones, varlen, masked ones and other GPUs keep theirs; a walk that cannot take clusters runs the 176-key plain
-    build (both shipped), not a 128-key plain one."""
-    from hf_flashpatch.kernels import forward, heuristics
-
-    assert heuristics.short_keys(heuristics.SHORT_KEYS, False) and not heuristics.short_keys(heuristics.SHORT_KEYS + 1,
-                                                                                            False)  # fmt: skip
-    assert not heuristics.short_keys(1024, True)  # varlen never takes clusters
-    short = heuristics.forward_tile_shape(128, "sm_90a", False, short_keys=True)
-    long = heuristics.forward_tile_shape(128, "sm_90a", False)
-    assert (short.block_n, short.kv_stages, short.kv_cluster) == (128, 3, 2)
-    assert (long.block_n, long.kv_stages, long.kv_cluster) == (176, 2, 2)
-    assert heuristics.forward_tile_shape(128, "sm_90a", True, short_keys=True) == heuristics.HOPPER_SHAPES[(128, True)]
-    assert heuristics.forward_tile_shape(64, "sm_90a", False, short_keys=True) == heuristics.HOPPER_SHAPES[(64, False)]
-    assert not heuristics.forward_tile_shape(128, "sm_80", False, short_keys=True).wgmma
-    plain = heuristics.unclustered_shape(short)
-    assert plain == heuristics.unclustered_shape(long) == dataclasses.replace(long, kv_cluster=1)
-    builds = forward.all_builds("sm_90a")
-    for shape in (short, long, plain):
-        assert forward.ForwardConfig.for_problem(128, "bf16", False, shape, "sm_90a").build("sm_90a") in builds
-
-
 def test_hopper_forward_schedule_decisions():
     """The decision room's choices for the Hopper forward's grid, from its schedule model: persistent and balanced
     where the model finds a walk 2 % under one CTA per tile, K/V of a section within the L2 budget."""

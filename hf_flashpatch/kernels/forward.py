@@ -42,8 +42,7 @@ from . import forward_torch, tma
 from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
-                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim, short_keys,
-                         unclustered_shape)
+                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -180,16 +179,15 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
 
     def with_plain(shape: TileShape) -> tuple[TileShape, ...]:  # the build a walk without clusters launches
-        return (shape, unclustered_shape(shape)) if shape.kv_cluster > 1 else (shape,)
+        return (shape, dataclasses.replace(shape, kv_cluster=1)) if shape.kv_cluster > 1 else (shape,)
 
     builds = [
         ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v).build(arch)
         for dtype in ("bf16", "fp16")
         for head_dim, head_dim_v in dims
         for has_mask in (False, True)
-        for walk_shape in dict.fromkeys(forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile,
-                                                           short)
-                                        for one_cta_per_tile in (False, True) for short in (False, True))  # fmt: skip
+        for walk_shape in dict.fromkeys(forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
+                                        for one_cta_per_tile in (False, True))  # fmt: skip
         for shape in with_plain(walk_shape)
     ]
     return list(dict.fromkeys(builds))
@@ -315,8 +313,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     scales = fold_scores(scale, softcap if softcap and softcap > 0 else 0.0)  # the kernel caps for softcap > 0 only
 
     masked = left >= 0 or right >= 0
-    short = short_keys(seqlen_k, varlen)
-    chosen = shape or forward_tile_shape(head_dim, arch, masked, head_dim_v, short_keys=short)
+    chosen = shape or forward_tile_shape(head_dim, arch, masked, head_dim_v)
     m_blocks = math.ceil(seqlen_q * group / chosen.block_m)
     section = 0
     if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
@@ -325,7 +322,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                                                    right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
                                                    kv_bytes)  # fmt: skip
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
-            chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True, short_keys=short)
+            chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
         grid, section = (walk.ctas, 1, 1), walk.section
     else:
         grid = (m_blocks, kv_heads, num_seqs)
@@ -336,8 +333,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                                   lambda: get_kernel(clustered.build(arch), clustered.entry, q.device).resident_clusters(
                                       clustered.kv_cluster, clustered.threads))  # fmt: skip
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
-            config = ForwardConfig.for_problem(head_dim, config.dtype, masked, unclustered_shape(chosen), arch,
-                                               head_dim_v)  # fmt: skip
+            config = dataclasses.replace(config, kv_cluster=1)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)

@@ -82,33 +82,6 @@ HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                           own_key_tiles=True),
 }
-# Unmasked, fixed-length problems of at most SHORT_KEYS keys, in clusters of two: 128-key tiles in three stages
-# instead of 176 in two. The cluster's two CTAs take every key tile in lock step (a slot frees when the slower one
-# released it), and a third stage gives them slack; at 2k, 128-key tiles also leave no partial tile (2048 = 16 x 128,
-# against 11.6 x 176). Past SHORT_KEYS the wider tiles' fewer steps win. A walk that cannot take clusters runs the
-# head dim's plain shape (unclustered_shape).
-SHORT_KEYS = 4096
-HOPPER_SHORT_KEY_SHAPES: dict[int, TileShape] = {
-    128: TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
-                   kv_cluster=2),
-}
-
-
-def short_keys(seqlen_k: int, varlen: bool) -> bool:
-    """Whether a problem takes :data:`HOPPER_SHORT_KEY_SHAPES` where it is unmasked (``seqlen_k``: its key length)."""
-    return not varlen and seqlen_k <= SHORT_KEYS
-
-
-def unclustered_shape(shape: TileShape) -> TileShape:
-    """The shape a walk runs where ``shape``'s clusters do not serve (:func:`clustered_schedule`): the head dim's
-    plain unmasked shape for a short-key shape (its 128-key tiles gain only beside the multicast), else ``shape``
-    without clusters. Both are shipped (``forward.all_builds``)."""
-    for head_dim, short in HOPPER_SHORT_KEY_SHAPES.items():
-        if shape == short:
-            shape = HOPPER_SHAPES[(head_dim, False)]
-    return dataclasses.replace(shape, kv_cluster=1)
-
-
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
 # 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
@@ -125,18 +98,15 @@ def native_value_head_dim(head_dim: int, head_dim_v: int, arch: str) -> bool:
 
 @functools.lru_cache(maxsize=None)  # a few (head dim, arch, mask) keys; called on every launch
 def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = False, head_dim_v: int | None = None,
-                       one_cta_per_tile: bool = False, short_keys: bool = False) -> TileShape:  # fmt: skip
+                       one_cta_per_tile: bool = False) -> TileShape:  # fmt: skip
     """The tile shape used for ``head_dim`` on ``arch`` (both dtypes; ``has_mask``: causal / window; ``head_dim_v``:
     v's head dim where it differs, see :data:`HOPPER_VALUE_HEAD_DIM_SHAPES`; ``one_cta_per_tile``: the Hopper walk
-    :func:`hopper_forward_schedule` chose gives every CTA one work tile; ``short_keys``: :func:`short_keys` holds,
-    see :data:`HOPPER_SHORT_KEY_SHAPES`). The wgmma bodies serve head dims 64 and 128 on sm_90a; every other case
-    takes the mma.sync table."""
+    :func:`hopper_forward_schedule` chose gives every CTA one work tile). The wgmma bodies serve head dims 64 and
+    128 on sm_90a; every other case takes the mma.sync table."""
     if head_dim_v is not None and head_dim_v != head_dim:
         if not native_value_head_dim(head_dim, head_dim_v, arch):
             raise ValueError(f"no forward kernel takes head dims {head_dim} / {head_dim_v} on {arch}")
         return HOPPER_VALUE_HEAD_DIM_SHAPES[(head_dim, head_dim_v)]
-    if arch == "sm_90a" and short_keys and not has_mask and head_dim in HOPPER_SHORT_KEY_SHAPES:
-        return HOPPER_SHORT_KEY_SHAPES[head_dim]
     if arch == "sm_90a" and (head_dim, has_mask) in HOPPER_SHAPES:
         shape = HOPPER_SHAPES[(head_dim, has_mask)]
         if one_cta_per_tile and shape.q_by_tma and shape.block_m == 128:
@@ -388,12 +358,12 @@ def choose_num_splits(ctas: int, typical_keys: int, sm_count: int, resident_per_
 
 
 def forward_config(head_dim: int, dtype: str, has_mask: bool, arch: str, head_dim_v: int | None = None,
-                   one_cta_per_tile: bool = False, short_keys: bool = False):  # fmt: skip
-    """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16"; ``one_cta_per_tile``,
-    ``short_keys``: see :func:`forward_tile_shape`)."""
+                   one_cta_per_tile: bool = False):  # fmt: skip
+    """The ``ForwardConfig`` the forward launches for a problem (``dtype``: "bf16" / "fp16"; ``one_cta_per_tile``:
+    the Hopper walk's, see :func:`forward_tile_shape`)."""
     from .forward import ForwardConfig
 
-    shape = forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile, short_keys)
+    shape = forward_tile_shape(head_dim, arch, has_mask, head_dim_v, one_cta_per_tile)
     return ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v)
 
 

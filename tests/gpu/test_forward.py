@@ -22,7 +22,6 @@ pytest.importorskip("pycuda")
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.kernels.forward import attention_forward  # noqa: E402
-from hf_flashpatch.kernels import heuristics  # noqa: E402
 from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES, forward_tile_shape, mma_tile_shape  # noqa: E402
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
@@ -41,7 +40,7 @@ def forward_variant(request, monkeypatch):
     if body == "mma":
         if arch != "sm_90a" or ((head_dim or 128), False) not in HOPPER_SHAPES:
             pytest.skip(f"the shipped run already takes the mma.sync body for head dim {head_dim or 128} on {arch}")
-        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, *_args, **_choice: mma_tile_shape(d))
+        monkeypatch.setattr(forward_module, "forward_tile_shape", lambda d, arch="sm_80", has_mask=False, head_dim_v=None: mma_tile_shape(d))
     return body
 
 
@@ -359,14 +358,12 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkey
 @pytest.mark.parametrize("case", [(2, 2048, 16, 16), (1, 1000, 8, 2), (3, 1000, 6, 1), (2, 300, 4, 4), (2, 250, 4, 4),
                                   (5, 64, 12, 3)],
                          ids=["2k-mha", "gqa4-partial-tile", "mqa-odd-tiles", "mha-odd-tiles", "one-round", "kv3-short"])  # fmt: skip
-@pytest.mark.parametrize("short", [False, True], ids=["176-keys", "short-keys"])
-def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch, case, short):
-    """The unmasked d128 shapes' K/V multicast (clusters of two CTAs sharing every K/V tile: TileShape.kv_cluster,
-    heuristics.clustered_schedule; 176-key tiles and the short-key problems' 128-key ones) against the same walk
-    without it: the same bits, matching the oracle; it runs clustered exactly where each (kv head, sequence) pair
-    has an even number of query tiles (else the plain build), and the GPU holds all the walk's CTAs as clusters at
-    once. The default dispatch takes the shape heuristics.short_keys names, or the 176-key plain build."""
-    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False, short_keys=short)
+def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch, case):
+    """The unmasked d128 shape's K/V multicast (clusters of two CTAs sharing every K/V tile: TileShape.kv_cluster,
+    heuristics.clustered_schedule) against the same walk without it: the same bits, matching the oracle; it runs
+    clustered exactly where each (kv head, sequence) pair has an even number of query tiles (else the plain build),
+    and the GPU holds all the walk's CTAs as clusters at once."""
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
     if forward_variant != "shipped" or shape.kv_cluster == 1:
         pytest.skip("the K/V multicast is the Hopper body's, unmasked d128")
     batch, seqlen, heads, kv_heads = case
@@ -374,13 +371,12 @@ def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch
     q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-    clusters, builds = [], []
+    clusters = []
     real_get_kernel = forward_module.get_kernel
 
     def recording_get_kernel(build, entry, *args, **kwargs):
         kernel = real_get_kernel(build, entry, *args, **kwargs)
         clusters.append(int(dict(build.defines).get("KV_CLUSTER", 1)))
-        builds.append((clusters[-1], int(dict(build.defines)["BLOCK_N"])))
         return kernel
 
     monkeypatch.setattr(forward_module, "get_kernel", recording_get_kernel)
@@ -393,15 +389,6 @@ def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch
     assert clusters[-1] == 1
     assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
     _check(out, lse, q, k, v, causal=False)
-    if short == heuristics.short_keys(seqlen, False):  # what the default dispatch launches for this problem
-        builds.clear()
-        dispatched, dispatched_lse = launch(None)
-        expected = shape if even else heuristics.unclustered_shape(shape)
-        assert builds[-1] == (expected.kv_cluster, expected.block_n)  # the launched build (the last loaded)
-        if even:
-            assert torch.equal(dispatched, out) and torch.equal(dispatched_lse, lse)
-        else:
-            _check(dispatched, dispatched_lse, q, k, v, causal=False)
 
 
 def test_the_device_holds_a_full_grid_of_multicast_clusters(forward_variant):
