@@ -112,7 +112,7 @@ extern "C" __constant__ int bwd_dq_shared_bytes = (2 * kQBlockM + 4 * kQBlockN) 
 
 // The TMA maps the wgmma body reads (kernels/backward.py, _tensor_maps): its loads of q, dout and the
 // lse2 / D workspace, and (d64 / d128) its reduce-add into dq_accum. The other bodies do not read them.
-extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
     bwd_dkdv_dq_atomic(const __grid_constant__ hfp::TmaDescriptor dq_map, const __grid_constant__ hfp::TmaDescriptor q_map,
                        const __grid_constant__ hfp::TmaDescriptor do_map,
                        const __grid_constant__ hfp::TmaDescriptor stats_map, HFP_DKDV_PARAMS) {
@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS)
 #endif
 }
 #if HEAD_DIM_V == HEAD_DIM
-extern "C" __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) bwd_dkdv(HFP_DKDV_PARAMS) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1) bwd_dkdv(HFP_DKDV_PARAMS) {
   dkdv_body<false>(HFP_DKDV_ARGS);
 }
 #endif
@@ -247,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(kQThreads, 1) bwd_dq(
       }
     }
     uint32_t dsa[kQBlockN / 16][4];
-    acc_to_a<kQBlockN>(dsa, ds);
+    pack_a_fragments<kBf16, kQBlockN>(dsa, ds);
     gemm_rs_nn<kD, kQBlockN>(dq_acc, dsa, ks, kPadD, lane);
     __syncthreads();
   }

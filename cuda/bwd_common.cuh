@@ -1,4 +1,4 @@
-// hf_flashpatch backward: the compile-time configuration (macros, with their defaults) and the helpers
+// hf_flashpatch backward: the compile-time configuration (macros) and the helpers
 // every backward body shares (tile loads, mma.sync warp GEMMs, visibility, score transform, sequence
 // geometry). Layout as in bwd.cu: q/dO (batch, seqlen_q, heads, head_dim), k/v (batch, seqlen_k,
 // kv_heads, head_dim), varlen packed along the token dim.
@@ -23,53 +23,23 @@
       v_ss, v_sh, do_sb, do_ss, do_sh, seqlen_q, seqlen_k, heads, kv_heads, rows_pad, softmax_scale,         \
       scale_log2, softcap_pre, softcap_log2, left, right, total_q, total_k, heavy_first
 
-#if !defined(HEAD_DIM) || !defined(ELEM_BF16)
-#error "HEAD_DIM and ELEM_BF16 come from the build (hf_flashpatch/kernels/backward.py, BackwardConfig.build)"
+// Every build passes (BackwardConfig.build, hf_flashpatch/kernels/backward.py): HEAD_DIM, ELEM_BF16, HAS_SOFTCAP;
+// bwd_dkdv's BLOCK_M (query rows per inner step), NUM_WARPS, D_SPLIT (warps sharing one 16-key row group, each
+// owning HEAD_DIM / D_SPLIT of dK/dV), DQ_CHUNK (dQ columns per pass), DQ_WARP_ROWS (query rows per warp in its dQ
+// product: 16 or 32), SS_UNROLL (unroll of the head-dim loop of K Q^T / V dO^T); bwd_dq's DQ_BLOCK_N (keys per
+// inner step) and DQ_WARPS (16 query rows each); and with a body of its own, BWD_TILED (+ TILED_BLOCK_M,
+// TILED_UNROLL) or BWD_WGMMA (+ BWD_WGMMA_BLOCK_M).
+#if !defined(HEAD_DIM) || !defined(ELEM_BF16) || !defined(BLOCK_M) || !defined(DQ_WARP_ROWS)
+#error "the backward's configuration comes from the build (hf_flashpatch/kernels/backward.py, BackwardConfig.build)"
 #endif
 #ifndef HEAD_DIM_V  // v / out / dout head dim (multi-head latent attention: 128 with HEAD_DIM 192); bwd_hopper.cuh only
 #define HEAD_DIM_V HEAD_DIM
-#endif
-#ifndef BLOCK_M  // query rows per inner step of bwd_dkdv
-#define BLOCK_M 64
-#endif
-#ifndef NUM_WARPS  // warps of bwd_dkdv
-#define NUM_WARPS 8
-#endif
-#ifndef D_SPLIT  // warps sharing one 16-key row group in bwd_dkdv, each owning HEAD_DIM / D_SPLIT of dK/dV
-#define D_SPLIT 1
-#endif
-#ifndef HAS_SOFTCAP
-#define HAS_SOFTCAP 0
-#endif
-#ifndef DQ_BLOCK_N  // keys per inner step of bwd_dq
-#define DQ_BLOCK_N 64
-#endif
-#ifndef DQ_WARPS  // warps of bwd_dq (16 query rows each)
-#define DQ_WARPS 8
-#endif
-#ifndef DQ_KK_UNROLL
-#define DQ_KK_UNROLL 2
-#endif
-#ifndef DQ_CHUNK  // dQ columns accumulated per pass in bwd_dkdv
-#define DQ_CHUNK 32
-#endif
-#ifndef SS_UNROLL  // unroll of the head-dim loop of the K Q^T / V dO^T GEMMs
-#define SS_UNROLL 2
-#endif
-#ifndef RS_UNROLL  // unroll of the query loop of the dV / dK GEMMs
-#define RS_UNROLL 8
-#endif
-#ifndef DQ_WARP_ROWS  // query rows per warp in bwd_dkdv's dQ product (16 or 32)
-#define DQ_WARP_ROWS 16
 #endif
 #ifndef BWD_TILED  // 1: bwd_dkdv_dq_atomic takes the 2-D warp-tiled body of bwd_tiled.cuh (d64/d128)
 #define BWD_TILED 0
 #endif
 #ifndef BWD_WGMMA  // 1: bwd_dkdv_dq_atomic takes the Hopper wgmma body of bwd_hopper.cuh (sm_90a, d64/d128)
 #define BWD_WGMMA 0
-#endif
-#ifndef MIN_BLOCKS  // __launch_bounds__ residency hint for bwd_dkdv
-#define MIN_BLOCKS 1
 #endif
 
 namespace hfp {
@@ -99,9 +69,9 @@ constexpr int kDqChunk = DQ_CHUNK < kDqCols ? DQ_CHUNK : kDqCols;  // dQ columns
 constexpr int kQBlockM = DQ_WARPS * 16;  // query rows per bwd_dq block
 constexpr int kQBlockN = DQ_BLOCK_N;
 constexpr int kQThreads = DQ_WARPS * 32;
-constexpr int kDqUnroll = DQ_KK_UNROLL;
+constexpr int kDqUnroll = 2;  // unroll of the key loop of bwd_dkdv's dQ product (bwd_default.cuh)
 constexpr int kSsUnroll = SS_UNROLL;
-constexpr int kRsUnroll = RS_UNROLL;
+constexpr int kRsUnroll = 8;  // unroll of the query loop of the dV / dK products
 
 static_assert(kD % 16 == 0 && kDw % 16 == 0 && kDqCols % 16 == 0, "head dim tiling");
 static_assert(kBlockM % kDqWarpRows == 0 && kDqRowWarps * kDqWarpRows <= kBlockM && kWarps % kDqRowWarps == 0 &&
@@ -141,25 +111,49 @@ __device__ __forceinline__ void load_tile(T* smem, const T* gmem, int64_t row_st
   }
 }
 
+// acc (MT*16 x NT*8) += A (MT*16 x K16*16) * B (K16*16 x NT*8), both operands in shared memory.
+// kAKMajor: A stored [k][m] (a -> element (k0, m0), ldmatrix.trans), else [m][k] (a -> (m0, k0)).
+// kBNMajor: B stored [n][k] (b -> (n0, k0), plain ldmatrix), else [k][n] (b -> (k0, n0), .trans).
+template <int MT, int NT, int K16, bool kAKMajor, bool kBNMajor, int kUnroll>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const T* a, int lda, const T* b, int ldb,
+                                          int lane) {
+  const int a_r = kAKMajor ? (lane >> 4) * 8 + (lane & 7) : (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int a_c = kAKMajor ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
+  const int b_r = kBNMajor ? (lane >> 4) * 8 + (lane & 7) : ((lane >> 3) & 1) * 8 + (lane & 7);
+  const int b_c = kBNMajor ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
+#pragma unroll kUnroll
+  for (int kk = 0; kk < K16; ++kk) {
+    uint32_t af[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kAKMajor)
+        ldmatrix_x4_trans(af[mt], smem_addr(a + (kk * 16 + a_r) * lda + mt * 16 + a_c));
+      else
+        ldmatrix_x4(af[mt], smem_addr(a + (mt * 16 + a_r) * lda + kk * 16 + a_c));
+    }
+#pragma unroll
+    for (int p = 0; p < NT / 2; ++p) {
+      uint32_t bf[4];
+      if constexpr (kBNMajor)
+        ldmatrix_x4(bf, smem_addr(b + (p * 16 + b_r) * ldb + kk * 16 + b_c));
+      else
+        ldmatrix_x4_trans(bf, smem_addr(b + (kk * 16 + b_r) * ldb + p * 16 + b_c));
+      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<kBf16>(acc[mt][2 * p], af[mt], b0);
+        mma_16816<kBf16>(acc[mt][2 * p + 1], af[mt], b1);
+      }
+    }
+  }
+}
+
 // acc (16 x N) += A (16 x K: shared [m][k], stride lda elements) * B^T (B shared [n][k], stride ldb).
 template <int N, int K>
 __device__ __forceinline__ void gemm_ss_nt(float (&acc)[N / 8][4], const T* a, int lda, const T* b, int ldb,
                                            int lane) {
-  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
-  const int b_row = (lane >> 4) * 8 + (lane & 7), b_col = ((lane >> 3) & 1) * 8;
-#pragma unroll kSsUnroll
-  for (int kk = 0; kk < K / 16; ++kk) {
-    uint32_t af[4];
-    ldmatrix_x4(af, smem_addr(a + a_row * lda + kk * 16 + a_col));
-#pragma unroll
-    for (int p = 0; p < N / 16; ++p) {
-      uint32_t bf[4];
-      ldmatrix_x4(bf, smem_addr(b + (p * 16 + b_row) * ldb + kk * 16 + b_col));
-      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-      mma_16816<kBf16>(acc[2 * p], af, b0);
-      mma_16816<kBf16>(acc[2 * p + 1], af, b1);
-    }
-  }
+  warp_gemm<1, N / 8, K / 16, false, true, kSsUnroll>(reinterpret_cast<float(&)[1][N / 8][4]>(acc), a, lda, b, ldb,
+                                                      lane);
 }
 
 // acc (16 x N) += A (16 x K, registers) * B (K x N: shared [k][n], stride ldb, columns from b).
@@ -180,15 +174,28 @@ __device__ __forceinline__ void gemm_rs_nn(float (&acc)[N / 8][4], const uint32_
   }
 }
 
-// Accumulator (16 x N fp32) -> A fragments (16 x N, b16): the mma C layout is the A layout.
-template <int N>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+// A warp's dK / dV rows of token `tok` and 8 keys on (fragments of kNt 8-column blocks from column c0) into the
+// (tokens, kv_heads, kD) gradients; dK carries the softmax scale of s = scale * q.k; keys >= key_end are skipped.
+template <int kNt>
+__device__ __forceinline__ void store_dkdv_rows(T* dk, T* dv, const float (&dk_acc)[kNt][4],
+                                                const float (&dv_acc)[kNt][4], int key, int key_end, int64_t tok,
+                                                int kv_heads, int hk, int c0, int t4, int64_t row8,
+                                                float softmax_scale) {
+  T* dk_row = dk + (tok * kv_heads + hk) * kD + c0;
+  T* dv_row = dv + (tok * kv_heads + hk) * kD + c0;
 #pragma unroll
-  for (int kk = 0; kk < N / 16; ++kk) {
-    a[kk][0] = Traits::pack2(acc[2 * kk][0], acc[2 * kk][1]);
-    a[kk][1] = Traits::pack2(acc[2 * kk][2], acc[2 * kk][3]);
-    a[kk][2] = Traits::pack2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-    a[kk][3] = Traits::pack2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  for (int j = 0; j < kNt; ++j) {
+    const int col = j * 8 + 2 * t4;
+    if (key < key_end) {
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          Traits::pack2(dk_acc[j][0] * softmax_scale, dk_acc[j][1] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[j][0], dv_acc[j][1]);
+    }
+    if (key + 8 < key_end) {
+      *reinterpret_cast<uint32_t*>(dk_row + row8 + col) =
+          Traits::pack2(dk_acc[j][2] * softmax_scale, dk_acc[j][3] * softmax_scale);
+      *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[j][2], dv_acc[j][3]);
+    }
   }
 }
 

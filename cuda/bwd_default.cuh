@@ -108,7 +108,7 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
     // dV (16 x kDw) += P^T dO
     {
       uint32_t pa[kBlockM / 16][4];
-      acc_to_a<kBlockM>(pa, p);
+      pack_a_fragments<kBf16, kBlockM>(pa, p);
       gemm_rs_nn<kDw, kBlockM>(dv_acc, pa, dos + dcol0, kPadD, lane);
     }
     // dP^T (16 x kBlockM) = V dO^T ; dS^T = P^T (dP^T - D)
@@ -127,7 +127,7 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
       }
     }
     uint32_t dsa[kBlockM / 16][4];
-    acc_to_a<kBlockM>(dsa, ds);
+    pack_a_fragments<kBf16, kBlockM>(dsa, ds);
     // dK (16 x kDw) += dS^T Q
     gemm_rs_nn<kDw, kBlockM>(dk_acc, dsa, qs + dcol0, kPadD, lane);
 
@@ -144,32 +144,14 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
       // dQ (kBlockM x D) += dS K; this warp: kDqWarpRows query rows x kDqCols columns, kDqChunk at a time
       // (a smaller live accumulator next to the dK/dV registers; dS^T fragments are re-read per chunk).
       const int qrow0 = (warp % kDqRowWarps) * kDqWarpRows, qcol0 = (warp / kDqRowWarps) * kDqCols;
-      const int a_key = (lane >> 4) * 8 + (lane & 7), a_q = ((lane >> 3) & 1) * 8;
-      const int b_row = ((lane >> 3) & 1) * 8 + (lane & 7), b_col = (lane >> 4) * 8;
       const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + qrow0 + g;
 #pragma unroll 1
       for (int c0 = qcol0; c0 < qcol0 + kDqCols; c0 += kDqChunk) {
         float dq[kDqMTiles][kDqChunk / 8][4];
 #pragma unroll
         for (int mt = 0; mt < kDqMTiles; ++mt) zero(dq[mt]);
-#pragma unroll kDqUnroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
-          uint32_t af[kDqMTiles][4];
-#pragma unroll
-          for (int mt = 0; mt < kDqMTiles; ++mt)
-            ldmatrix_x4_trans(af[mt], smem_addr(ds_s + (kk * 16 + a_key) * kPadM + qrow0 + mt * 16 + a_q));
-#pragma unroll
-          for (int pp = 0; pp < kDqChunk / 16; ++pp) {
-            uint32_t bf[4];
-            ldmatrix_x4_trans(bf, smem_addr(k_s + (kk * 16 + b_row) * kPadD + c0 + pp * 16 + b_col));
-            const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-#pragma unroll
-            for (int mt = 0; mt < kDqMTiles; ++mt) {
-              mma_16816<kBf16>(dq[mt][2 * pp], af[mt], b0);
-              mma_16816<kBf16>(dq[mt][2 * pp + 1], af[mt], b1);
-            }
-          }
-        }
+        warp_gemm<kDqMTiles, kDqChunk / 8, kBlockN / 16, true, false, kDqUnroll>(dq, ds_s + qrow0, kPadM, k_s + c0,
+                                                                              kPadD, lane);
 #pragma unroll
         for (int mt = 0; mt < kDqMTiles; ++mt) {
           const int row = m0 + qrow0 + mt * 16 + g;
@@ -190,21 +172,8 @@ __device__ __forceinline__ void dkdv_body(HFP_DKDV_PARAMS) {
   // dK, dV (batch, seqlen_k, kv_heads, D) contiguous; dK carries the softmax scale of s = scale * q.k
   const int key = n0 + key_row0 + g;
   const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
-  T* dk_row = dk + (tok * kv_heads + hk) * kD + dcol0;
-  T* dv_row = dv + (tok * kv_heads + hk) * kD + dcol0;
-  const int64_t row8 = int64_t(8) * kv_heads * kD;
-#pragma unroll
-  for (int j = 0; j < kDw / 8; ++j) {
-    const int col = j * 8 + 2 * t4;
-    if (key < sk.y) {
-      *reinterpret_cast<uint32_t*>(dk_row + col) = Traits::pack2(dk_acc[j][0] * softmax_scale, dk_acc[j][1] * softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[j][0], dv_acc[j][1]);
-    }
-    if (key + 8 < sk.y) {
-      *reinterpret_cast<uint32_t*>(dk_row + row8 + col) = Traits::pack2(dk_acc[j][2] * softmax_scale, dk_acc[j][3] * softmax_scale);
-      *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[j][2], dv_acc[j][3]);
-    }
-  }
+  store_dkdv_rows(dk, dv, dk_acc, dv_acc, key, sk.y, tok, kv_heads, hk, dcol0, t4, int64_t(8) * kv_heads * kD,
+                  softmax_scale);
 }
 
 }  // namespace bwd

@@ -10,9 +10,6 @@ namespace hfp {
 namespace bwd {
 
 constexpr int kHBlockN = 128;  // keys per block: two warpgroups x 64
-#ifndef BWD_WGMMA_BLOCK_M  // queries per step: 128 at d64, 64 at d128
-#define BWD_WGMMA_BLOCK_M 64
-#endif
 constexpr int kHBlockM = BWD_WGMMA_BLOCK_M;
 // d64 takes 128-query steps: S^T / dP^T are 64 x 128 per warpgroup (wgmma n128), half the steps and so half
 // the per-step waits, barriers and stage hand-overs per FLOP; dQ (128 queries x 64) splits by query rows, each

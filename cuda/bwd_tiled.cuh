@@ -18,12 +18,6 @@
 // dS^T are formed, so 1 - tanh^2 is used where it is computed.
 #pragma once
 
-#ifndef TILED_BLOCK_M  // query rows per step of the tiled body
-#define TILED_BLOCK_M 64
-#endif
-#ifndef TILED_UNROLL  // unroll of the k loop of the shared-memory GEMMs
-#define TILED_UNROLL 2
-#endif
 
 namespace hfp {
 namespace bwd {
@@ -49,50 +43,6 @@ static_assert(kSNt % 2 == 0 && kKvNt % 2 == 0 && kQNt % 2 == 0 && kSMt >= 1 && k
               "tiled body: warp tiles must be whole 16 x 16 ldmatrix tiles");
 static_assert(2 * kTBlockM <= kThreads, "tiled body: lse/D tile load");
 static_assert(kSChunks * kSChunk * kSQWarps == kTBlockM, "tiled body: query chunks must tile the step");
-
-// acc (MT*16 x NT*8) += A (MT*16 x K16*16) * B (K16*16 x NT*8), both operands in shared memory.
-// kAKMajor: A stored [k][m] (a -> element (k0, m0), ldmatrix.trans), else [m][k] (a -> (m0, k0)).
-// kBNMajor: B stored [n][k] (b -> (n0, k0), plain ldmatrix), else [k][n] (b -> (k0, n0), .trans).
-// The four lane->address maps are those of gemm_ss_nt / gemm_rs_nn and the dQ product in bwd.cu.
-template <int MT, int NT, int K16, bool kAKMajor, bool kBNMajor>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const T* a, int lda, const T* b, int ldb,
-                                          int lane) {
-  const int a_r = kAKMajor ? (lane >> 4) * 8 + (lane & 7) : (lane & 7) + ((lane >> 3) & 1) * 8;
-  const int a_c = kAKMajor ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
-  const int b_r = kBNMajor ? (lane >> 4) * 8 + (lane & 7) : ((lane >> 3) & 1) * 8 + (lane & 7);
-  const int b_c = kBNMajor ? ((lane >> 3) & 1) * 8 : (lane >> 4) * 8;
-#pragma unroll kTUnroll
-  for (int kk = 0; kk < K16; ++kk) {
-    uint32_t af[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (kAKMajor)
-        ldmatrix_x4_trans(af[mt], smem_addr(a + (kk * 16 + a_r) * lda + mt * 16 + a_c));
-      else
-        ldmatrix_x4(af[mt], smem_addr(a + (mt * 16 + a_r) * lda + kk * 16 + a_c));
-    }
-#pragma unroll
-    for (int p = 0; p < NT / 2; ++p) {
-      uint32_t bf[4];
-      if constexpr (kBNMajor)
-        ldmatrix_x4(bf, smem_addr(b + (p * 16 + b_r) * ldb + kk * 16 + b_c));
-      else
-        ldmatrix_x4_trans(bf, smem_addr(b + (kk * 16 + b_r) * ldb + p * 16 + b_c));
-      const uint32_t b0[2] = {bf[0], bf[1]}, b1[2] = {bf[2], bf[3]};
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        mma_16816<kBf16>(acc[mt][2 * p], af[mt], b0);
-        mma_16816<kBf16>(acc[mt][2 * p + 1], af[mt], b1);
-      }
-    }
-  }
-}
-
-template <int MT, int NT>
-__device__ __forceinline__ void zero_tile(float (&acc)[MT][NT][4]) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) zero(acc[mt]);
-}
 
 // The shared memory dkdv_tiled_body carves up: K, V, two stages of Q and dO, P^T and dS^T, two stages of lse2 and D.
 constexpr int kTiledSharedBytes = (2 * kTBlockN * kPadD + 4 * kTBlockM * kPadD + 2 * kTBlockN * kTPadM) * 2 +
@@ -150,8 +100,8 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   const int kv_key0 = (warp / kKvColWarps) * (kKvMt * 16), kv_c0 = (warp % kKvColWarps) * (kKvNt * 8);
   const int dq_q0 = (warp / kQColWarps) * (kQMt * 16), dq_c0 = (warp % kQColWarps) * (kQNt * 8);
   float dv_acc[kKvMt][kKvNt][4], dk_acc[kKvMt][kKvNt][4];
-  zero_tile(dv_acc);
-  zero_tile(dk_acc);
+  zero_fragments(dv_acc);
+  zero_fragments(dk_acc);
 
   if (steps > 0) load_q_side(0, 0);
   cp_async_commit();
@@ -176,10 +126,12 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
       // S^T = K Q^T and dP^T = V dO^T for this warp's (keys x queries) tile, kSChunk queries at a time
       const int s_q0 = s_qw0 + chunk * kSChunk;
       float s[kSMt][kSNt][4], dp[kSMt][kSNt][4];
-      zero_tile(s);
-      warp_gemm<kSMt, kSNt, kD / 16, false, true>(s, k_s + s_key0 * kPadD, kPadD, qs + s_q0 * kPadD, kPadD, lane);
-      zero_tile(dp);
-      warp_gemm<kSMt, kSNt, kD / 16, false, true>(dp, v_s + s_key0 * kPadD, kPadD, dos + s_q0 * kPadD, kPadD, lane);
+      zero_fragments(s);
+      warp_gemm<kSMt, kSNt, kD / 16, false, true, kTUnroll>(s, k_s + s_key0 * kPadD, kPadD, qs + s_q0 * kPadD, kPadD,
+                                                            lane);
+      zero_fragments(dp);
+      warp_gemm<kSMt, kSNt, kD / 16, false, true, kTUnroll>(dp, v_s + s_key0 * kPadD, kPadD, dos + s_q0 * kPadD,
+                                                            kPadD, lane);
 #pragma unroll
       for (int mt = 0; mt < kSMt; ++mt) {
 #pragma unroll
@@ -206,15 +158,15 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
     __syncthreads();  // (B) P^T and dS^T complete
 
     // dV += P^T dO, dK += dS^T Q (keys x columns; k runs over the tile's queries)
-    warp_gemm<kKvMt, kKvNt, kTBlockM / 16, false, false>(dv_acc, p_s + kv_key0 * kTPadM, kTPadM, dos + kv_c0, kPadD,
-                                                          lane);
-    warp_gemm<kKvMt, kKvNt, kTBlockM / 16, false, false>(dk_acc, ds_s + kv_key0 * kTPadM, kTPadM, qs + kv_c0, kPadD,
-                                                          lane);
+    warp_gemm<kKvMt, kKvNt, kTBlockM / 16, false, false, kTUnroll>(dv_acc, p_s + kv_key0 * kTPadM, kTPadM,
+                                                                    dos + kv_c0, kPadD, lane);
+    warp_gemm<kKvMt, kKvNt, kTBlockM / 16, false, false, kTUnroll>(dk_acc, ds_s + kv_key0 * kTPadM, kTPadM,
+                                                                    qs + kv_c0, kPadD, lane);
     // dQ (queries x columns) = dS K, A = dS read from dS^T (k-major); added to the fp32 workspace
     {
       float dq[kQMt][kQNt][4];
-      zero_tile(dq);
-      warp_gemm<kQMt, kQNt, kTBlockN / 16, true, false>(dq, ds_s + dq_q0, kTPadM, k_s + dq_c0, kPadD, lane);
+      zero_fragments(dq);
+      warp_gemm<kQMt, kQNt, kTBlockN / 16, true, false, kTUnroll>(dq, ds_s + dq_q0, kTPadM, k_s + dq_c0, kPadD, lane);
       const int64_t ws_row = (int64_t(bw) * heads + h) * rows_pad + sq.x + m0 + dq_q0 + g;
 #pragma unroll
       for (int mt = 0; mt < kQMt; ++mt) {
@@ -237,22 +189,7 @@ __device__ __forceinline__ void dkdv_tiled_body(HFP_DKDV_PARAMS) {
   for (int mt = 0; mt < kKvMt; ++mt) {
     const int key = n0 + kv_key0 + mt * 16 + g;
     const int64_t tok = cu_k == nullptr ? int64_t(b) * seqlen_k + key : int64_t(sk.x) + key;
-    T* dk_row = dk + (tok * kv_heads + hk) * kD + kv_c0;
-    T* dv_row = dv + (tok * kv_heads + hk) * kD + kv_c0;
-#pragma unroll
-    for (int j = 0; j < kKvNt; ++j) {
-      const int col = j * 8 + 2 * t4;
-      if (key < sk.y) {
-        *reinterpret_cast<uint32_t*>(dk_row + col) =
-            Traits::pack2(dk_acc[mt][j][0] * softmax_scale, dk_acc[mt][j][1] * softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_row + col) = Traits::pack2(dv_acc[mt][j][0], dv_acc[mt][j][1]);
-      }
-      if (key + 8 < sk.y) {
-        *reinterpret_cast<uint32_t*>(dk_row + row8 + col) =
-            Traits::pack2(dk_acc[mt][j][2] * softmax_scale, dk_acc[mt][j][3] * softmax_scale);
-        *reinterpret_cast<uint32_t*>(dv_row + row8 + col) = Traits::pack2(dv_acc[mt][j][2], dv_acc[mt][j][3]);
-      }
-    }
+    store_dkdv_rows(dk, dv, dk_acc[mt], dv_acc[mt], key, sk.y, tok, kv_heads, hk, kv_c0, t4, row8, softmax_scale);
   }
 }
 

@@ -14,9 +14,6 @@
 
 #include "primitives.cuh"
 
-#ifndef KV_ADDRESSING
-#define KV_ADDRESSING 0
-#endif
 
 namespace hfp {
 

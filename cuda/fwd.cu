@@ -15,7 +15,7 @@
 // K/V tiles stream through a KV_STAGES-deep cp.async ring; the next tile's copy overlaps this one's math.
 //
 // Compile-time configuration (-D, produced by ForwardConfig in hf_flashpatch/kernels/forward.py):
-//   HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, KV_STAGES, Q_IN_REGS, QK_PREFETCH, CTAS_PER_SM, ELEM_BF16,
+//   HEAD_DIM, BLOCK_M, BLOCK_N, NUM_WARPS, KV_STAGES, Q_IN_REGS, ELEM_BF16,
 //   HAS_MASK
 //   (HAS_MASK = 0 compiles out causal / sliding-window masking; the key-length bound is always kept).
 #include "fwd_gemm.cuh"
@@ -50,7 +50,8 @@ constexpr int kKVTileElems = BLOCK_N * Layout::kRowStride;
 // the compiled module (hf_flashpatch/kernels/build.py, Kernel.shared_bytes).
 extern "C" __constant__ int hfp_attention_forward_shared_bytes = (kQTileElems + 2 * KV_STAGES * kKVTileElems) * 2;
 
-extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attention_forward(const __grid_constant__ hfp::fwd::FwdParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    hfp_attention_forward(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Elem* smem_q = reinterpret_cast<Elem*>(smem_raw);  // (BLOCK_M, row stride); later the output staging tile
   Elem* smem_k = smem_q + kQTileElems;                // (KV_STAGES, BLOCK_N, row stride)
@@ -130,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, CTAS_PER_SM) hfp_attentio
 #if Q_IN_REGS
     gemm_qk_regs<kBf16, HEAD_DIM>(scores, q_frag, tile_k, lane);
 #else
-    gemm_qk_smem<kBf16, QK_PREFETCH != 0, HEAD_DIM>(scores, smem_q, tile_k, warp_row0, lane);
+    gemm_qk_smem<kBf16, HEAD_DIM>(scores, smem_q, tile_k, warp_row0, lane);
 #endif
 
     // ---- soft-cap, mask, online softmax

@@ -39,31 +39,16 @@ __device__ __forceinline__ void mma_qk_step(float (&scores)[MT][NT][4], const ui
 
 // S = Q K^T with Q read from shared memory: (MT, NT, 4) fp32 accumulators, zeroed here.
 // The k-step loop stays rolled: fully unrolled, ptxas hoists every fragment load of the tile ahead
-// of the MMAs and runs out of registers. kPrefetch walks it two steps at a time with the next
-// step's ldmatrix issued before this step's MMAs (more registers, less exposed ldmatrix latency).
-template <bool kBf16, bool kPrefetch, int kHeadDim, int MT, int NT, typename T>
+// of the MMAs and runs out of registers.
+template <bool kBf16, int kHeadDim, int MT, int NT, typename T>
 __device__ __forceinline__ void gemm_qk_smem(float (&scores)[MT][NT][4], const T* smem_q, const T* smem_k,
                                              int warp_row0, int lane) {
-  constexpr int kKSteps = kHeadDim / 16;
-  static_assert(kKSteps % 2 == 0, "head dim must be a multiple of 32 for the paired k-steps");
   zero_fragments(scores);
-  if constexpr (!kPrefetch) {
 #pragma unroll 1
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      QkStepFrags<MT, NT> step;
-      load_qk_step<kHeadDim>(step, smem_q, smem_k, warp_row0, ks, lane);
-      mma_qk_step<kBf16>(scores, step.a, step.b);
-    }
-    return;
-  }
-  QkStepFrags<MT, NT> even, odd;
-  load_qk_step<kHeadDim>(even, smem_q, smem_k, warp_row0, 0, lane);
-#pragma unroll 1
-  for (int ks = 0; ks < kKSteps; ks += 2) {
-    load_qk_step<kHeadDim>(odd, smem_q, smem_k, warp_row0, ks + 1, lane);
-    mma_qk_step<kBf16>(scores, even.a, even.b);
-    if (ks + 2 < kKSteps) load_qk_step<kHeadDim>(even, smem_q, smem_k, warp_row0, ks + 2, lane);
-    mma_qk_step<kBf16>(scores, odd.a, odd.b);
+  for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+    QkStepFrags<MT, NT> step;
+    load_qk_step<kHeadDim>(step, smem_q, smem_k, warp_row0, ks, lane);
+    mma_qk_step<kBf16>(scores, step.a, step.b);
   }
 }
 

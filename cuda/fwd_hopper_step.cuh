@@ -100,18 +100,6 @@ __device__ __forceinline__ OperandDescriptors operand_descriptors(const SharedTi
           SteppedDescriptor::at(smem.v_ring, BLOCK_N * kSubTileRowBytes, kAtom)};
 }
 
-// Probabilities (S accumulator layout) -> A fragments of O += P V: 8-key blocks 2kk and 2kk + 1 of a
-// row pair are one 16-key A fragment (mma.sync layout), as in fwd_gemm.cuh's gemm_pv.
-__device__ __forceinline__ void pack_probabilities(uint32_t (&p)[BLOCK_N / 16][4], const float (&s)[1][kNT][4]) {
-#pragma unroll
-  for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
-    p[kk][0] = Traits::pack2(s[0][2 * kk][0], s[0][2 * kk][1]);
-    p[kk][1] = Traits::pack2(s[0][2 * kk][2], s[0][2 * kk][3]);
-    p[kk][2] = Traits::pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-    p[kk][3] = Traits::pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-  }
-}
-
 // The state a math warpgroup's threads carry through the key loop (mma.sync C-fragment layout per warp):
 // the unnormalised output rows and their online softmax.
 struct MathRows {
@@ -201,7 +189,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   fence_operands(s_flat);
   release_keys(0);
   rows.softmax.rescale(rows.acc_o, correction, softmax_of(0));
-  pack_probabilities(probs, scores);
+  hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
   bool rescale_pending = false;  // kRescaleBeforePv: O still owes the rescale of the last softmax (before its P V)
   for (int i = 1; i < num_tiles; ++i) {
     if constexpr (!kOverlap) {
@@ -230,7 +218,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     } else {
       rows.softmax.rescale(rows.acc_o, correction, max_moved);
     }
-    pack_probabilities(probs, scores);
+    hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
   }
   release_queries();  // every S retired; the last P V reads V and registers only
   if constexpr (kRescaleBeforePv) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);

@@ -99,6 +99,18 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[M][N][4]) {
       for (int e = 0; e < 4; ++e) acc[m][n][e] = 0.f;
 }
 
+// Accumulators (16 x N fp32, C layout) -> A fragments (16 x N, b16 pairs): the mma C layout is the A layout.
+template <bool kBf16, int N>
+__device__ __forceinline__ void pack_a_fragments(uint32_t (&a)[N / 16][4], const float (&acc)[N / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = ElemTraits<kBf16>::pack2(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = ElemTraits<kBf16>::pack2(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = ElemTraits<kBf16>::pack2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = ElemTraits<kBf16>::pack2(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
 // Two fp32 values to a shared-memory address (8-byte aligned).
 __device__ __forceinline__ void st_shared_f32x2(uint32_t smem, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem), "f"(a), "f"(b) : "memory");

@@ -7,11 +7,7 @@
 
 namespace hfp {
 
-#if defined(__CUDACC__)
 #define HFP_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define HFP_HOST_DEVICE inline
-#endif
 
 // The window as two shifts from a query's key position, so a row's key range costs two adds and a
 // clamp. An unbounded side gets a shift of -+2^30, which the clamp to [0, seqlen_k] absorbs (positions

@@ -222,7 +222,7 @@ def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
     name += "-wgmma" if shape.wgmma else ""
     name += "-overlap" if shape.overlap_softmax else ""
-    return name + ("-qreg" if shape.q_in_registers else "") + ("-pf" if shape.qk_prefetch else "")
+    return name + ("-qreg" if shape.q_in_registers else "")
 
 
 def _print(rows: list) -> None:

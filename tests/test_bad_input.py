@@ -96,7 +96,7 @@ def test_forward_kernel_launch_takes_zero_scale_as_zero(monkeypatch):
     monkeypatch.setattr(forward, "_check_supported", lambda *a: None)
     monkeypatch.setattr(forward, "device_arch", lambda device: "sm_80")
     monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: RecordingKernel(entry, launched))
-    monkeypatch.setattr(forward, "_aligned", lambda t: t)
+    monkeypatch.setattr(forward, "aligned", lambda t: t)
     q, k, v = (t.bfloat16() for t in _qkv(d=64))
     names = kernel_signature("fwd.cu", forward._ENTRY).names
     for scale, expect in ((0.0, 0.0), (None, math.log2(math.e) / 8.0), (0.5, 0.5 * math.log2(math.e))):

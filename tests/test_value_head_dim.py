@@ -253,7 +253,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     monkeypatch.setattr(forward, "sm_count", lambda device: 132)
     monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: built.append(build)
                         or RecordingKernel(entry, launched))  # fmt: skip
-    monkeypatch.setattr(forward, "_aligned", lambda t: t)
+    monkeypatch.setattr(forward, "aligned", lambda t: t)
     mapped = []  # the tensor maps of K, V and Q (no driver here): (tensor, box rows, box heads)
     monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: mapped.append((t, rows, box_heads))
                         or bytes([len(mapped)]) * 128)  # fmt: skip

@@ -49,6 +49,13 @@ def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
     return _device_problem(tensor.device.index)
 
 
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when the kernels' 16-byte loads (cp.async chunks, TMA rows) can read it in place: a contiguous
+    last dim, rows 16-byte aligned; else a contiguous copy."""
+    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    return t if ok else t.contiguous()
+
+
 def fold_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
     """The kernels' window ``(left, right)``: -1 unbounded (any negative bound becomes -1); causal is
     bottom-right aligned, so it clamps ``right`` to at most 0. The one Python definition for every kernel

@@ -36,14 +36,14 @@ pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) r
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..errors import KernelUnsupported
-from . import LOG2E, fold_scores, fold_window, kernels_unavailable_reason, tma  # noqa: F401 - LOG2E re-exported
+from . import (LOG2E, aligned, fold_scores, fold_window, kernels_unavailable_reason, tma,  # noqa: F401 - LOG2E re-exported
+               warn_fallback_once)
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
@@ -71,7 +71,6 @@ class BackwardConfig:
     dq_block_n: int = 64
     dq_warps: int = 8
     ss_unroll: int = 2
-    rs_unroll: int = 8
     dq_chunk: int = 32
     dq_warp_rows: int = 16  # query rows per warp in bwd_dkdv's dQ product; 32 halves its K re-reads
     arch: str = "sm_90a"
@@ -114,7 +113,7 @@ class BackwardConfig:
             ("HEAD_DIM", self.head_dim), ("ELEM_BF16", int(self.bf16)), ("HAS_SOFTCAP", int(self.softcap)),
             ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
             ("DQ_BLOCK_N", self.dq_block_n), ("DQ_WARPS", self.dq_warps), ("SS_UNROLL", self.ss_unroll),
-            ("RS_UNROLL", self.rs_unroll), ("DQ_CHUNK", self.dq_chunk), ("DQ_WARP_ROWS", self.dq_warp_rows),
+            ("DQ_CHUNK", self.dq_chunk), ("DQ_WARP_ROWS", self.dq_warp_rows),
         )  # fmt: skip
         if self.body == "tiled":  # appended only here, so the default builds keep their cache keys
             defines += (("BWD_TILED", 1), ("TILED_BLOCK_M", self.tiled_block_m), ("TILED_UNROLL", self.tiled_unroll))
@@ -147,12 +146,6 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
 
 # ------------------------------------------------------------------------------------ launching
 
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """cp.async moves 16-byte chunks: rows must start 16-byte aligned with a contiguous last dim."""
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
 
 
 def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: float,
@@ -195,7 +188,7 @@ def dkdv_grid(kv_heads: int, batch: int, key_blocks: int, sms: int, choice: bool
 def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right, softcap,
                      deterministic):  # fmt: skip
     varlen = cu_q is not None
-    dout, q, k, v, out = (_aligned(t) for t in (dout, q, k, v, out))
+    dout, q, k, v, out = (aligned(t) for t in (dout, q, k, v, out))
     lse = lse.float().contiguous()
     dlse = dlse.float().contiguous() if dlse is not None else None
     heads, kv_heads, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -284,15 +277,6 @@ def _tensor_maps(cfg: BackwardConfig, dq_accum: torch.Tensor, q: torch.Tensor, d
 
 # ------------------------------------------------------------------------------------ custom op
 
-_warned: set[str] = set()
-
-
-def _warn_once(reason: str) -> None:
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"hf_flashpatch: backward kernel not used ({reason}); taking the torch fallback", stacklevel=3)
-
-
 def _backward_impl(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
     dlse: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
@@ -312,7 +296,7 @@ def _backward_impl(
         return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=SUPPORTED_HEAD_DIMS)
     except KernelUnsupported as exc:
         if q.is_cuda:
-            _warn_once(str(exc))
+            warn_fallback_once("backward", str(exc))
     grads = torch_backward(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, softmax_scale, window_left,
                            window_right, softcap)  # fmt: skip
     return tuple(g.contiguous() for g in grads)  # contiguous, as the kernel's (and the fake's) are

@@ -34,7 +34,6 @@ class DecodeConfig:
     bf16: bool
     addressing: str  # "contiguous" | "block_table" | "slot"
     softcap: bool
-    stages: int = 3  # cp.async pipeline depth per warp
     head_dim_v: int | None = None  # v / out where it differs (VALUE_HEAD_DIM_PAIRS); None: head_dim
 
     def __post_init__(self):
@@ -58,7 +57,7 @@ class DecodeConfig:
             ("ELEM_BF16", str(int(self.bf16))),
             ("KV_ADDRESSING", str(ADDRESSING[self.addressing])),
             ("SOFTCAP", str(int(self.softcap))),
-            ("STAGES", str(self.stages)),
+            ("STAGES", "3"),  # cp.async pipeline depth per warp
         )
         return KernelBuild("decode.cu", defines, arch)
 

@@ -39,7 +39,7 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import forward_torch, tma
-from . import call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
+from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
                          forward_tile_shape, hopper_forward_schedule, native_value_head_dim)
@@ -65,8 +65,6 @@ class ForwardConfig:
     num_warps: int
     kv_stages: int = 2
     q_in_registers: bool = False
-    qk_prefetch: bool = False
-    ctas_per_sm: int = 1
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper_ws.cu): a producer warpgroup + 64 rows per math warpgroup
     head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
@@ -112,7 +110,7 @@ class ForwardConfig:
             and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
-            and not (self.q_in_registers or self.qk_prefetch) and self.ctas_per_sm == 1
+            and not self.q_in_registers
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
             and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
                                                                         or self.own_key_tiles)))
@@ -129,13 +127,9 @@ class ForwardConfig:
                     arch: str = "sm_80", head_dim_v: int | None = None):  # fmt: skip
         head_dim_v = None if head_dim_v == head_dim else head_dim_v
         shape = shape or forward_tile_shape(head_dim, arch, has_mask=has_mask, head_dim_v=head_dim_v)
-        return cls(
-            head_dim=head_dim, dtype=dtype, block_m=shape.block_m, block_n=shape.block_n,
-            num_warps=shape.num_warps, kv_stages=shape.kv_stages, q_in_registers=shape.q_in_registers,
-            qk_prefetch=shape.qk_prefetch, ctas_per_sm=shape.ctas_per_sm, has_mask=has_mask,
-            wgmma=shape.wgmma, head_dim_v=head_dim_v, overlap_softmax=shape.overlap_softmax, q_by_tma=shape.q_by_tma,
-            own_key_tiles=shape.own_key_tiles, staged_output=shape.staged_output, kv_cluster=shape.kv_cluster,
-        )  # fmt: skip
+        # every TileShape field is a ForwardConfig field of the same name
+        return cls(head_dim=head_dim, dtype=dtype, has_mask=has_mask, head_dim_v=head_dim_v,
+                   **dataclasses.asdict(shape))
 
     @property
     def entry(self) -> str:
@@ -164,8 +158,7 @@ class ForwardConfig:
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
             ("NUM_WARPS", self.num_warps), ("KV_STAGES", self.kv_stages),
-            ("Q_IN_REGS", int(self.q_in_registers)), ("QK_PREFETCH", int(self.qk_prefetch)),
-            ("CTAS_PER_SM", self.ctas_per_sm),
+            ("Q_IN_REGS", int(self.q_in_registers)),
             ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
         )  # fmt: skip
         return KernelBuild("fwd.cu", tuple((name, str(value)) for name, value in defines), arch)
@@ -223,12 +216,6 @@ def native_value_head_dim_for(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.is_cuda and native_value_head_dim(q.shape[-1], v.shape[-1], device_arch(q.device))
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself when the kernel's 16-byte loads can read it in place, else a contiguous copy."""
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
-
-
 def _query_map(config: ForwardConfig, q: torch.Tensor, group: int) -> tuple[bytes, int]:
     """``(q_tma, q_box_heads)``: the tensor map the Hopper body's producer loads each math warpgroup's 64 packed
     query rows with (``group`` heads x ``64 // group`` positions a box), and the heads a box holds, for a
@@ -271,7 +258,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     ``heuristics.clustered_schedule`` allows it (a schedule's own ``kv_cluster`` is not read)."""
     _check_supported(q, k, v)
     varlen = cu_seqlens_q is not None
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    q, k, v = aligned(q), aligned(k), aligned(v)
     heads, kv_heads, head_dim, head_dim_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
     group = heads // kv_heads
     left, right = fold_window(causal, window_left, window_right)

@@ -46,8 +46,6 @@ class TileShape:
     num_warps: int
     kv_stages: int = 2  # depth of the cp.async K/V ring (2 = double buffering)
     q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
-    qk_prefetch: bool = False  # Q from smem: issue the next k-step's ldmatrix before this step's MMAs
-    ctas_per_sm: int = 1  # __launch_bounds__ minimum: caps registers at 64K / (threads * ctas_per_sm)
     wgmma: bool = False  # the Hopper body (fwd_hopper_ws.cu): 4 warps per 64-row math warpgroup + 4 producer warps
     overlap_softmax: bool = False  # wgmma body: tile i's softmax runs under tile i-1's P V (needs S and P live at once)
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
