@@ -60,7 +60,7 @@ def _cases(torch, hfp):
         q, k, v = rand(8, 2048, 16, 128), rand(8, 2048, 16, 128), rand(8, 2048, 16, 128)
         cases[f"fwd d128 8x2k {'causal' if causal else 'full'}"] = (
             lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
-    q, k, v = rand(2, 8192, 16, 128), rand(2, 8192, 16, 128), rand(2, 8192, 16, 128)  # between the short and long tiles
+    q, k, v = rand(2, 8192, 16, 128), rand(2, 8192, 16, 128), rand(2, 8192, 16, 128)  # a length between the 2k-4k and 16k rows
     cases["fwd d128 2x8k full"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v), "graph")
     for causal in (False, True):  # bench_forward's d128 16k rows: one sequence of 16 heads
         q, k, v = rand(1, 16384, 16, 128), rand(1, 16384, 16, 128), rand(1, 16384, 16, 128)
