@@ -25,10 +25,11 @@ namespace fwd {
 // declaration (fields in launch order; one type per declaration, no nested pointers). The tensor maps come
 // first: their 64-byte alignment then costs no padding.
 struct FwdParams {
-  // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys) and Q's (boxes of 64 columns x
-  // q_box_heads heads x 64 / q_box_heads rows: 64 packed rows), read by the warp-specialised Hopper body; zero
-  // bytes for the others.
-  TmaDescriptor k_tma, v_tma, q_tma;
+  // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys), Q's (boxes of 64 columns x
+  // q_box_heads heads x 64 / q_box_heads rows: 64 packed rows) and the output's (64 columns x o_box_heads heads x
+  // 16 / o_box_heads rows: a warp's 16 packed rows), read by the warp-specialised Hopper body; zero bytes for the
+  // others.
+  TmaDescriptor k_tma, v_tma, q_tma, o_tma;
   const Elem* __restrict__ q;       // (B, S_q, H, D), varlen (T_q, H, D)
   const Elem* __restrict__ k;       // (B, S_k, H_kv, D), varlen (T_k, H_kv, D)
   const Elem* __restrict__ v;       // like k
@@ -49,6 +50,7 @@ struct FwdParams {
   int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
   int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
   int q_box_heads;          // Hopper body: the group when it divides 64 (Q by q_tma); 0: the math warps copy Q
+  int o_box_heads;          // Hopper body: the group when it divides 16 (output by o_tma); 0: stored by the threads
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:

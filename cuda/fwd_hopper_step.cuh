@@ -229,12 +229,15 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
 // The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output.
 // kStaged: through `staging`, this warp's 16 rows x HEAD_DIM_V in shared memory that its warpgroup no longer reads
 // (its Q rows, once every S of the work retired), so that each row leaves in 16-byte stores (hopper.cuh,
-// stage_warp_rows); else straight from the accumulators (4 bytes per column pair; a warp's store covers 16
-// contiguous bytes of 8 rows). No barrier either way.
-template <bool kStaged>
+// stage_warp_rows); kBoxes with `boxes` (the launch passed an output map: p.o_box_heads > 0): the warp stages its
+// rows in its own Q rows (one 16-row SW128 sub-tile a 64 columns, the layout of an output box) and its first lane
+// stores them with the TMA, one box a 64 columns, as a bulk async-group of its own (the warp's Q rows are rewritten
+// only after it read them: bulk_wait_read); else straight from the accumulators (4 bytes per column pair; a warp's
+// store covers 16 contiguous bytes of 8 rows). No barrier either way.
+template <bool kStaged, bool kBoxes>
 __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::FwdParams& p,
                                              const hfp::fwd::QueryTile& tile, int warp_row0, int lane,
-                                             uint32_t staging) {
+                                             uint32_t staging, bool boxes) {
   const int g = lane >> 2, t = lane & 3;
   float inv_sum[1][2], row_lse[1][2];
   rows.softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
@@ -250,7 +253,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     if (packed >= tile.packed_rows) continue;
     int head;
     const int pos = row_of(packed, head);
-    if constexpr (!kStaged) {
+    if (!kStaged && !(kBoxes && boxes)) {
       Elem* const row = out + pos * p.o_seq_stride + head * p.o_head_stride + 2 * t;
 #pragma unroll
       for (int ot = 0; ot < kOT; ++ot)
@@ -272,6 +275,24 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
       const int pos = row_of(packed, head);
       return out + pos * p.o_seq_stride + head * p.o_head_stride;
     });
+  }
+  if constexpr (kBoxes) {
+    // The warp's first packed row: a multiple of 16, so of the box's heads (head 0 of a position). Rows past the
+    // sequence's end are past the batched map's rows, which a box does not write; the warp does not test for them
+    // (a branch on its rows made ptxas move the key loop's wgmma descriptors out of uniform registers).
+    const int first = tile.p0 + warp_row0;
+    if (boxes) {
+      constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of the Q tile
+      hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V, kBlockBytes>(
+          staging, reinterpret_cast<const float(&)[kOT * 4]>(rows.acc_o), inv_sum[0][0], inv_sum[0][1], lane);
+      hfp::sm90::fence_proxy_async_shared();  // the staged rows, for the TMA's reads
+      __syncwarp();
+#pragma unroll
+      for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
+        hfp::tma::store_box_if(lane == 0, p.o_tma, staging + sub * kBlockBytes, sub * 64, tile.kv_head * tile.group,
+                               first / tile.group, tile.batch);
+      hfp::tma::bulk_commit();  // every lane: the others' groups are empty
+    }
   }
 }
 

@@ -34,9 +34,12 @@
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),
-// ELEM_BF16, HAS_MASK.
+// TMA_OUTPUT (the output by the TMA from each warp's Q rows), ELEM_BF16, HAS_MASK.
 #ifndef KV_CLUSTER
 #define KV_CLUSTER 1
+#endif
+#ifndef TMA_OUTPUT
+#define TMA_OUTPUT 0
 #endif
 #include "fwd_hopper_step.cuh"
 using namespace hfp;
@@ -73,6 +76,13 @@ constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 // Q rows, free from a work's last S to the next work's copy (so not with Q by the TMA, which may land the next Q
 // there first); else it is stored from the accumulators.
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
+// TMA_OUTPUT: where the launch passes an output map (o_box_heads: a batched problem whose group divides 16), each warp
+// stages its 16 output rows in its own Q rows and stores them with the TMA (store_output), so its threads issue no
+// global store; the next work's Q copy waits until the boxes were read. Not with Q by the TMA (the next Q may land
+// there first) nor the staged output.
+constexpr bool kTmaOutput = TMA_OUTPUT != 0;
+static_assert(!kTmaOutput || (!kQByTma && !kStagedOutput && HEAD_DIM >= HEAD_DIM_V),
+              "the output boxes are staged in the warp's copied Q rows");
 // KV_CLUSTER = 2: the grid runs in clusters of two CTAs that take works of one pair with the same key tiles at the
 // same time (heuristics.clustered_schedule launches it only so: with CTA b of a round taking work b, an unmasked
 // fixed-length problem whose pairs have an even number of query tiles), and each CTA's producer loads half the
@@ -247,14 +257,18 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
   // The output's staging (kStagedOutput): this warp's 16 rows x HEAD_DIM_V, 4 KB, in its warpgroup's Q rows (64 rows
   // of 128 bytes in each 64-column sub-tile): warps 0, 1 of the warpgroup in sub-tile 0, warps 2, 3 in sub-tile 1.
-  const uint32_t staging = smem.q_tile + ((warp & 3) >> 1) * (kBlockM * kSubTileRowBytes) +
-                           warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
+  // kTmaOutput: this warp's own 16 Q rows in each 64-column sub-tile (the layout of an output box).
+  const uint32_t staging = kTmaOutput ? smem.q_tile + warp_row0 * kSubTileRowBytes
+                                      : smem.q_tile + ((warp & 3) >> 1) * (kBlockM * kSubTileRowBytes) +
+                                            warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
+  const bool tma_output = kTmaOutput && p.o_box_heads > 0;
 
   int ring = 0, works = 0;  // as the producer's
   for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
-    } else {  // copy them, once every warp of this warpgroup is past the last work's products
+    } else {  // copy them, once every warp of this warpgroup is past the last work's products (and output boxes)
+      if constexpr (kTmaOutput) bulk_wait_read<0>();  // every lane (only the first has groups)
       named_barrier_sync(kQRowsBarrier + warpgroup, 128);
       load_query_rows(smem, p, tile, warpgroup, math_tid & 127);
       cp_async_commit();
@@ -334,8 +348,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store (kStagedOutput: through this warp's share of its
     // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
     // warpgroup, so after this warp's reads)
-    store_output<kStagedOutput>(rows, p, tile, warp_row0, lane, staging);
+    store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, lane, staging, tma_output);
     ring += num_tiles;
     ++works;
   });
+  if constexpr (kTmaOutput) bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
 }

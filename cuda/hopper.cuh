@@ -257,21 +257,25 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[N / 2], const uint32_t (&
 // row r sits at chunk position c ^ (r % 8) (stmatrix's eight rows, and a row's reads, fall on distinct banks), and
 // copy_warp_rows, after a __syncwarp, stores the tile out chunk by chunk. Row g is scaled by scale_g, row g + 8 by
 // scale_g8 (lane = 4 g + t).
-template <bool kBf16, int kCols>
+// kBlockBytes: where 64-column block b of the tile starts (tile + b * kBlockBytes); by default the blocks sit side by
+// side in rows of kCols * 2 bytes. With kBlockBytes >= 16 * 128 each block is a 16-row SW128 sub-tile of its own
+// (rows of 128 bytes): the layout of a TMA box of 64 columns (tma.cuh), as a warp's rows of the Q tile are.
+template <bool kBf16, int kCols, int kBlockBytes = 128>
 __device__ __forceinline__ void stage_warp_rows(uint32_t tile, const float (&d)[kCols / 2], float scale_g,
                                                 float scale_g8, int lane) {
   static_assert(kCols % 64 == 0, "whole 64-column blocks: the swizzle permutes eight chunks");
   using Pack = ElemTraits<kBf16>;
+  constexpr int kRowBytes = kBlockBytes == 128 ? kCols * 2 : 128;
   const int matrix = lane >> 3;  // this lane's row address is for stmatrix's matrix `matrix`: rows 8 (matrix % 2)..
   const int row = (matrix & 1) * 8 + (lane & 7);  // .. of 8-column block 2 p + matrix / 2
-  const uint32_t row_at = tile + row * (kCols * 2);
+  const uint32_t row_at = tile + row * kRowBytes;
   const int swizzle = (matrix >> 1) ^ (row & 7);
 #pragma unroll
-  for (int p = 0; p < kCols / 16; ++p) {  // blocks 2 p and 2 p + 1
+  for (int p = 0; p < kCols / 16; ++p) {  // blocks 2 p and 2 p + 1 (16-byte chunks of 64-column block p / 4)
     const float* b = d + 8 * p;
     const uint32_t r[4] = {Pack::pack2(b[0] * scale_g, b[1] * scale_g), Pack::pack2(b[2] * scale_g8, b[3] * scale_g8),
                            Pack::pack2(b[4] * scale_g, b[5] * scale_g), Pack::pack2(b[6] * scale_g8, b[7] * scale_g8)};
-    stmatrix_x4(row_at + (((2 * p) ^ swizzle) << 4), r);
+    stmatrix_x4(row_at + (p / 4) * kBlockBytes + ((((2 * p) & 7) ^ swizzle) << 4), r);
   }
 }
 

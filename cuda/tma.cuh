@@ -69,6 +69,21 @@ __device__ __forceinline__ void reduce_add_box(const TmaDescriptor& desc, uint32
       "r"(column), "r"(row), "r"(head), "r"(batch), "r"(src)
       : "memory");
 }
+// Store the 16-bit box at (x0, x1, x2, x3) of `desc`'s tensor (its dim order, as load_box) from shared address `src`
+// (1024-byte aligned, the map's 128-byte swizzle), where `issue` holds; rows past the tensor's end are not written.
+// Part of this thread's current bulk async-group; the shared memory is read asynchronously (fence_proxy_async_shared
+// first). The condition is a predicate of the instruction, not a branch: every lane of a warp may run the call
+// with one of them issuing, and the kernel keeps no lane-dependent region (one made ptxas move the key loop's wgmma
+// descriptors out of uniform registers).
+__device__ __forceinline__ void store_box_if(bool issue, const TmaDescriptor& desc, uint32_t src, int x0, int x1,
+                                             int x2, int x3) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %6, 0;\n"
+      " @p cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n}\n" ::"l"(
+          reinterpret_cast<uint64_t>(&desc)),
+      "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(src), "r"(static_cast<uint32_t>(issue))
+      : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // This thread's bulk groups but the newest kPending have read their shared memory (it may be rewritten).
 template <int kPending>

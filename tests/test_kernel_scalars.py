@@ -98,8 +98,8 @@ def test_forward_scalars(recorder, scale, softcap):
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
-    # work section, q_box_heads
-    scale_log2, softcap_pre, softcap_log2 = args[-9:-6]
+    # work section, q_box_heads, o_box_heads
+    scale_log2, softcap_pre, softcap_log2 = args[-10:-7]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -179,7 +179,7 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
-    assert grid == (ctas, 1, 1) and args[-2] == section  # FwdParams.work_section (q_box_heads follows)
+    assert grid == (ctas, 1, 1) and args[-3] == section  # FwdParams.work_section (q_box_heads, o_box_heads follow)
 
 
 def test_clustered_schedule_decisions():
@@ -270,4 +270,4 @@ def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypa
     forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
     assert (grid[0] < 64) == walks
-    assert built[0].q_by_tma == walks and (args[-1] > 0) == walks  # FwdParams.q_box_heads
+    assert built[0].q_by_tma == walks and (args[-2] > 0) == walks  # FwdParams.q_box_heads

@@ -266,8 +266,9 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     ((entry, grid, args),) = launched
     # K and V in boxes of a key tile; the 192/128 shape's math warps copy their Q rows (no map)
     assert [(t is k, t is v, rows, heads) for t, rows, heads in mapped] == [(True, False, 64, 1), (False, True, 64, 1)]
-    assert args[:3] == (bytes([1]) * 128, bytes([2]) * 128, forward.tma.NO_DESCRIPTOR)  # FwdParams.k_tma, v_tma, q_tma
-    assert args[-1] == 0  # FwdParams.q_box_heads
+    # FwdParams.k_tma, v_tma, q_tma, o_tma
+    assert args[:4] == (bytes([1]) * 128, bytes([2]) * 128, forward.tma.NO_DESCRIPTOR, forward.tma.NO_DESCRIPTOR)
+    assert args[-2:] == (0, 0)  # FwdParams.q_box_heads, o_box_heads
     defines = dict(built[0].defines)
     assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
     assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")

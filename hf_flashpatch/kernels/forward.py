@@ -50,8 +50,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
-# FwdParams: k_tma v_tma q_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads
+# FwdParams: k_tma v_tma q_tma o_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class ForwardConfig:
     own_key_tiles: bool = False  # wgmma body: each math warpgroup's own key tiles (TileShape.own_key_tiles)
     staged_output: bool = False  # wgmma body: the output through the Q rows (TileShape.staged_output)
     kv_cluster: int = 1  # wgmma body: CTAs sharing each K/V tile by a multicast (TileShape.kv_cluster)
+    tma_output: bool = False  # wgmma body: the output by the TMA from each warp's Q rows (TileShape.tma_output)
 
     @property
     def value_dim(self) -> int:
@@ -84,7 +85,8 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1:
+        if (self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1
+                or self.tma_output):
             raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles, the staged output and the K/V "
                              f"multicast are the wgmma body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
@@ -112,6 +114,7 @@ class ForwardConfig:
             and self.kv_stages >= 2
             and not self.q_in_registers
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
+            and not (self.tma_output and (self.q_by_tma or self.staged_output or self.head_dim < self.value_dim))
             and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
                                                                         or self.own_key_tiles)))
         )  # fmt: skip
@@ -154,6 +157,8 @@ class ForwardConfig:
             )  # fmt: skip
             if self.kv_cluster != 1:  # the source's default is 1 (the other builds' keys unchanged)
                 defines += (("KV_CLUSTER", self.kv_cluster),)
+            if self.tma_output:  # the source's default is 0
+                defines += (("TMA_OUTPUT", 1),)
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
@@ -226,6 +231,19 @@ def _query_map(config: ForwardConfig, q: torch.Tensor, group: int) -> tuple[byte
         return tma.NO_DESCRIPTOR, 0
     try:
         return tma.descriptor(q, 64 // group, box_heads=group), group
+    except tma.TmaUnsupported:
+        return tma.NO_DESCRIPTOR, 0
+
+
+def _output_map(config: ForwardConfig, out: torch.Tensor, group: int, varlen: bool) -> tuple[bytes, int]:
+    """``(o_tma, o_box_heads)``: the tensor map each math warp of a config with ``tma_output`` stores its 16 packed
+    output rows with (``group`` heads x ``16 // group`` positions a box), and the heads a box holds. Varlen problems
+    (a box could cross into the next sequence), a group that does not divide 16 and other configs get
+    ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves."""
+    if not config.tma_output or varlen or 16 % group or out.numel() == 0:
+        return tma.NO_DESCRIPTOR, 0
+    try:
+        return tma.descriptor(out, 16 // group, box_heads=group), group
     except tma.TmaUnsupported:
         return tma.NO_DESCRIPTOR, 0
 
@@ -324,13 +342,14 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)
+    o_tma, o_box_heads = _output_map(config, out, group, varlen)
     kernel(
         grid, (config.threads, 1, 1),
-        k_tma, v_tma, q_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+        k_tma, v_tma, q_tma, o_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, section, q_box_heads,
+        kv_heads, num_seqs, section, q_box_heads, o_box_heads,
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip

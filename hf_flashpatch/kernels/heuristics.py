@@ -52,6 +52,7 @@ class TileShape:
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
     kv_cluster: int = 1  # wgmma body: CTAs of a cluster sharing each K/V tile by a TMA multicast (1: none)
+    tma_output: bool = False  # wgmma body: each warp's output rows by the TMA from its Q rows (needs Q copied)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -72,7 +73,7 @@ class TileShape:
 #   cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, overlap_softmax=True,
-                            kv_cluster=2),
+                            kv_cluster=2, tma_output=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
                            q_by_tma=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,

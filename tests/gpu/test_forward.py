@@ -391,6 +391,48 @@ def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch
     _check(out, lse, q, k, v, causal=False)
 
 
+@pytest.mark.parametrize("case", [(2, 2048, 16, 16), (2, 113, 8, 4), (1, 1, 16, 1), (3, 250, 6, 2), (2, 1023, 32, 2),
+                                  (1, 300, 6, 2), (2, 200, 12, 4), (1, 500, 32, 1)],
+                         ids=["2k-mha", "g2-partial", "g16-one-row", "g3", "g16-odd", "g3-one-round", "g3-short",
+                              "g32"])  # fmt: skip
+def test_output_boxes_equal_the_threads_stores(forward_variant, monkeypatch, case):
+    """With tma_output (the unmasked d128 shape's), each math warp stages its 16 output rows in its Q rows and stores
+    them with the TMA (a box of group heads x 16 / group positions) where the problem is batched and the group divides
+    16; else its threads store them. Both give the same bits, match the oracle, and leave no row unwritten (the
+    allocator is NaN-filled); varlen problems and groups of 3 or 32 take the threads' stores."""
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
+    if forward_variant != "shipped" or not shape.tma_output:
+        pytest.skip("the output boxes are the Hopper body's, unmasked d128")
+    batch, seqlen, heads, kv_heads = case
+    group = heads // kv_heads
+    torch.manual_seed(12)
+    q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    boxes = []
+    real_output_map = forward_module._output_map
+
+    def recording(config, out, group_, varlen):
+        found = real_output_map(config, out, group_, varlen)
+        boxes.append(found[1])
+        return found
+
+    monkeypatch.setattr(forward_module, "_output_map", recording)
+    launch = lambda tile_shape: forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None,
+                                                       shape=tile_shape)  # noqa: E731 fmt: skip
+    out, lse = launch(shape)
+    assert boxes[-1] == (group if 16 % group == 0 else 0), (boxes, group)
+    stored, stored_lse = launch(dataclasses.replace(shape, tma_output=False))
+    assert boxes[-1] == 0
+    assert torch.equal(out, stored) and torch.equal(lse, stored_lse)
+    _check(out, lse, q, k, v, causal=False)
+    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
+    packed, packed_lse = forward_module._launch(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, seqlen,
+                                                seqlen, None, False, -1, -1, None, shape=shape)  # fmt: skip
+    assert boxes[-1] == 0  # varlen: a box could cross into the next sequence
+    assert torch.equal(packed, out.flatten(0, 1))
+
+
 def test_the_device_holds_a_full_grid_of_multicast_clusters(forward_variant):
     """The driver's count of co-resident clusters of the multicast build (kernels/clusters.py) covers one CTA per
     SM, so the persistent walk keeps every SM; a count of 0 would mean the query failed and every call fell back."""
