@@ -23,7 +23,8 @@
 // thread, 160 with three at d64) own 64 query rows each: per work they wait for their Q rows (or copy them
 // with cp.async), compute the key tiles their own rows see and hand the work's others back unread
 // (row_key_tiles), run the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax,
-// O += P V, all on wgmma) and store their output rows from registers. Without a block-wide barrier per tile the
+// O += P V, all on wgmma) and store their output rows from registers (TMA_OUTPUT: each warp by the TMA, from its
+// Q rows). Without a block-wide barrier per tile the
 // math warpgroups drift apart, so one's softmax overlaps the other's products.
 //
 // Batched tensor maps end where the sequence does (rows past it are zero-filled). A varlen sequence's

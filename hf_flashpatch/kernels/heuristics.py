@@ -63,7 +63,9 @@ class TileShape:
 #   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers) where a
 #   CTA walks several works (forward_tile_shape); the unmasked 176-key build does not gain from it (notes/forward.md,
 #   decision log). Unmasked, two CTAs of a cluster share each K/V tile by a TMA multicast (kv_cluster=2: half the L2
-#   traffic, 0.98 of the kernel time at 16k) where clustered_schedule allows it, else the same shape's plain build.
+#   traffic, 0.98 of the kernel time at 16k) where clustered_schedule allows it, else the same shape's plain build;
+#   each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing 16:
+#   0.985-0.994 of the kernel time at 8x2k).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
 #   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
 #   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
