@@ -24,8 +24,8 @@
 // with cp.async), compute the key tiles their own rows see and hand the work's others back unread
 // (row_key_tiles), run the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax,
 // O += P V, all on wgmma) and store their output rows from registers (TMA_OUTPUT: each warp by the TMA, from its
-// Q rows). Without a block-wide barrier per tile the
-// math warpgroups drift apart, so one's softmax overlaps the other's products.
+// Q rows). Without a block-wide barrier per tile the math warpgroups drift apart, so one's softmax overlaps the
+// other's products.
 //
 // Batched tensor maps end where the sequence does (rows past it are zero-filled). A varlen sequence's
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
