@@ -275,7 +275,10 @@ __device__ __forceinline__ void stage_warp_rows(uint32_t tile, const float (&d)[
     const float* b = d + 8 * p;
     const uint32_t r[4] = {Pack::pack2(b[0] * scale_g, b[1] * scale_g), Pack::pack2(b[2] * scale_g8, b[3] * scale_g8),
                            Pack::pack2(b[4] * scale_g, b[5] * scale_g), Pack::pack2(b[6] * scale_g8, b[7] * scale_g8)};
-    stmatrix_x4(row_at + (p / 4) * kBlockBytes + ((((2 * p) & 7) ^ swizzle) << 4), r);
+    // (the two forms are one address where the blocks sit side by side; the first is the backward's machine code)
+    stmatrix_x4(row_at + (kBlockBytes == 128 ? ((2 * p) ^ swizzle) << 4
+                                             : (p / 4) * kBlockBytes + ((((2 * p) & 7) ^ swizzle) << 4)),
+                r);
   }
 }
 
