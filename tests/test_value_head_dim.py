@@ -264,11 +264,13 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     out, lse = forward._launch(q, k, v, None, None, 0, 0, None, True, -1, -1, 0.0)
     assert out.shape == (*q.shape[:-1], 128) and lse.shape == (2, 4, 70)
     ((entry, grid, args),) = launched
-    # K and V in boxes of a key tile; the 192/128 shape's math warps copy their Q rows (no map)
-    assert [(t is k, t is v, rows, heads) for t, rows, heads in mapped] == [(True, False, 64, 1), (False, True, 64, 1)]
+    # K and V in boxes of a key tile; the 192/128 shape's math warps copy their Q rows (no map) and store their output
+    # rows by boxes of group (2) heads x 8 positions
+    assert [(t is k, t is v, rows, heads) for t, rows, heads in mapped[:2]] == [(True, False, 64, 1), (False, True, 64, 1)]
+    assert [(t.shape, rows, heads) for t, rows, heads in mapped[2:]] == [((2, 70, 4, 128), 8, 2)]
     # FwdParams.k_tma, v_tma, q_tma, o_tma
-    assert args[:4] == (bytes([1]) * 128, bytes([2]) * 128, forward.tma.NO_DESCRIPTOR, forward.tma.NO_DESCRIPTOR)
-    assert args[-2:] == (0, 0)  # FwdParams.q_box_heads, o_box_heads
+    assert args[:4] == (bytes([1]) * 128, bytes([2]) * 128, forward.tma.NO_DESCRIPTOR, bytes([3]) * 128)
+    assert args[-2:] == (0, 2)  # FwdParams.q_box_heads, o_box_heads
     defines = dict(built[0].defines)
     assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
     assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")

@@ -88,7 +88,8 @@ HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
 # 192-wide K and 128-wide V fit in shared memory with the 192-wide Q tile (168 KB; 128-key tiles would need
 # 289 KB). Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/kernels/value_head_dim.py).
 HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
-    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True),
+    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
+                          tma_output=True),
 }
 
 

@@ -395,20 +395,22 @@ def test_kv_multicast_clusters_equal_the_plain_walk(forward_variant, monkeypatch
                                   (1, 300, 6, 2), (2, 200, 12, 4), (1, 500, 32, 1)],
                          ids=["2k-mha", "g2-partial", "g16-one-row", "g3", "g16-odd", "g3-one-round", "g3-short",
                               "g32"])  # fmt: skip
-def test_output_boxes_equal_the_threads_stores(forward_variant, monkeypatch, case):
-    """With tma_output (the unmasked d128 shape's), each math warp stages its 16 output rows in its Q rows and stores
-    them with the TMA (a box of group heads x 16 / group positions) where the problem is batched and the group divides
-    16; else its threads store them. Both give the same bits, match the oracle, and leave no row unwritten (the
-    allocator is NaN-filled); varlen problems and groups of 3 or 32 take the threads' stores."""
-    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
+@pytest.mark.parametrize("dims", [(128, 128), (192, 128)], ids=["d128", "d192-128"])
+def test_output_boxes_equal_the_threads_stores(forward_variant, monkeypatch, case, dims):
+    """With tma_output (the unmasked d128 and the 192/128 shapes'), each math warp stages its 16 output rows in its Q
+    rows and stores them with the TMA (a box of group heads x 16 / group positions) where the problem is batched and
+    the group divides 16; else its threads store them. Both give the same bits, match the oracle, and leave no row
+    unwritten (the allocator is NaN-filled); varlen problems and groups of 3 or 32 take the threads' stores."""
+    d, d_v = dims
+    shape = forward_tile_shape(d, device_arch(torch.device("cuda")), False, d_v)
     if forward_variant != "shipped" or not shape.tma_output:
-        pytest.skip("the output boxes are the Hopper body's, unmasked d128")
+        pytest.skip("the output boxes are the Hopper body's")
     batch, seqlen, heads, kv_heads = case
     group = heads // kv_heads
     torch.manual_seed(12)
-    q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(batch, seqlen, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, kv_heads, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, kv_heads, d_v, device="cuda", dtype=torch.bfloat16)
     boxes = []
     real_output_map = forward_module._output_map
 
@@ -425,7 +427,13 @@ def test_output_boxes_equal_the_threads_stores(forward_variant, monkeypatch, cas
     stored, stored_lse = launch(dataclasses.replace(shape, tma_output=False))
     assert boxes[-1] == 0
     assert torch.equal(out, stored) and torch.equal(lse, stored_lse)
-    _check(out, lse, q, k, v, causal=False)
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    if d == d_v:
+        _check(out, lse, q, k, v, causal=False)
+    else:
+        ref, ref_lse = attention_reference(q.float(), k.float(), v.float())
+        assert (out.float() - ref).abs().max().item() < 2e-2
+        torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
     cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
     packed, packed_lse = forward_module._launch(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, seqlen,
                                                 seqlen, None, False, -1, -1, None, shape=shape)  # fmt: skip
