@@ -155,6 +155,40 @@ def test_no_keys_need_no_map_and_an_unmappable_copy_is_refused_by_name(monkeypat
         forward._tensor_maps(config, k, k)
 
 
+def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group_divides_16(monkeypatch):
+    """With a shape's tma_output (unmasked d128's, 192/128's), each math warp stores its 16 packed output rows in one
+    box per 64 columns: group heads x 16 / group positions. Varlen problems (a box could cross into the next
+    sequence), other groups, an unmappable output, shapes without it and the mma.sync body get no map and
+    o_box_heads 0: the threads store their rows. The boxes need the Q rows copied by the math warps."""
+    boxes = forward.ForwardConfig.for_problem(128, "bf16", False, arch="sm_90a")
+    assert boxes.tma_output and not boxes.q_by_tma  # the shipped unmasked d128 shape (heuristics.HOPPER_SHAPES)
+    masked = forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_90a")
+    ampere = forward.ForwardConfig.for_problem(128, "bf16", False, arch="sm_80")
+    out = torch.empty(2, 40, 32, 128, dtype=torch.bfloat16)  # (B, S, H, D_v)
+    encoded = []
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: encoded.append((rows, box_heads)) or b"o" * 128)
+    for group in (1, 2, 4, 8, 16):
+        assert forward._output_map(boxes, out, group, varlen=False) == (b"o" * 128, group)
+        assert encoded[-1] == (16 // group, group)
+    calls = len(encoded)
+    for group in (3, 6, 32):
+        assert forward._output_map(boxes, out, group, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward._output_map(boxes, out[0], 2, varlen=True) == (tma.NO_DESCRIPTOR, 0)
+    assert forward._output_map(masked, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward._output_map(ampere, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+    with pytest.raises(ValueError, match="the output boxes with the Q rows copied, not staged"):
+        dataclasses.replace(masked, tma_output=True)  # masked d128: Q by the TMA
+    with pytest.raises(ValueError, match="the output boxes and the K/V multicast are the wgmma body.s"):
+        dataclasses.replace(ampere, tma_output=True)
+    assert dict(boxes.build().defines)["TMA_OUTPUT"] == "1" and "TMA_OUTPUT" not in dict(masked.build().defines)
+
+    def refuse(t, rows, box_heads=1):
+        raise tma.TmaUnsupported("refused here")
+
+    monkeypatch.setattr(tma, "descriptor", refuse)
+    assert forward._output_map(boxes, out, 4, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+
+
 def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(monkeypatch):
     """With a shape's q_by_tma, the Hopper body's producer loads a math warpgroup's 64 packed query rows (GQA heads
     fastest) in one box per 64 columns: group heads x 64 / group positions. Other groups, an unmappable q, shapes
@@ -176,7 +210,7 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
     assert forward._query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     assert forward._query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     for field in ("q_by_tma", "own_key_tiles", "staged_output"):  # the mma.sync body has none of them
-        with pytest.raises(ValueError, match="Q by the TMA, own key tiles, the staged output and the K/V multicast are the wgmma body's"):
+        with pytest.raises(ValueError, match="Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast are the wgmma body's"):
             dataclasses.replace(ampere, **{field: True})
     with pytest.raises(ValueError, match="the staged output at a v head dim of 128 with the Q rows copied"):
         dataclasses.replace(hopper, staged_output=True)  # d64, Q by the TMA: neither fits

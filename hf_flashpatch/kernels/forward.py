@@ -87,8 +87,8 @@ class ForwardConfig:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
         if (self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1
                 or self.tma_output):
-            raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles, the staged output and the K/V "
-                             f"multicast are the wgmma body's, got {self}")  # fmt: skip
+            raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles, the staged output, the output boxes "
+                             f"and the K/V multicast are the wgmma body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -122,8 +122,9 @@ class ForwardConfig:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
                              f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/176, a producer "
                              f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
-                             f"at a v head dim of 128 with the Q rows copied; the K/V multicast over 2 CTAs unmasked, "
-                             f"with the Q rows copied and every key tile computed), got {self}")  # fmt: skip
+                             f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
+                             f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "
+                             f"tile computed), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
