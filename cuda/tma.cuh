@@ -1,6 +1,6 @@
 // hf_flashpatch: the Tensor Memory Accelerator (TMA, sm_90): tiles copied from global to shared memory by one
-// instruction of one thread, completing on an mbarrier, and tiles of shared memory added into global memory
-// (reduce-add), tracked by the issuing thread's bulk async-groups. One concept: "how a tile moves between
+// instruction of one thread, completing on an mbarrier, and tiles of shared memory written to global memory
+// (stored or reduce-added), tracked by the issuing thread's bulk async-groups. One concept: "how a tile moves between
 // shared and global memory without the threads copying it"; which tiles move is the kernel's business.
 //
 // A copy is described by a tensor map (CUtensorMap, 128 opaque bytes) that the host encodes

@@ -1,8 +1,9 @@
 """Tensor maps for the TMA (``cuda/tma.cuh``): encoded on the host by the CUDA driver, passed by value
 inside a kernel's parameter struct (letter ``T`` in :mod:`~hf_flashpatch.kernels.sources`).
 
-Layout: a Q, K, V or dO tensor ``(B, S, H, D)``, or varlen ``(T, H, D)`` (a batch of one), whose last dim is
-contiguous. Its map is rank 4 over (columns, heads, rows, batch), the order of the kernel's box coordinates,
+Layout: a Q, K, V, dO or output tensor ``(B, S, H, D)``, or varlen ``(T, H, D)`` (a batch of one), whose last dim
+is contiguous (the forward stores its output by boxes of a batched map only: a box stops at the map's end, not at a
+varlen sequence's). Its map is rank 4 over (columns, heads, rows, batch), the order of the kernel's box coordinates,
 and a box is ``BOX_COLUMNS`` columns (128 bytes) x ``box_heads`` heads x ``box_rows`` rows x 1 batch with the
 128-byte swizzle: one SW128 sub-tile of the Hopper kernels, its rows in (row, head) order, the head fastest
 (the forward's GQA-packed query rows). Rows past ``S`` (or ``T``) come back as zeros.
