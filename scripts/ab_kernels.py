@@ -14,7 +14,8 @@ tree, and the largest difference of the outputs from the first tree's (0 where t
 the forward and decode are deterministic; the backward accumulates dQ with atomics, so it differs in
 the last bits from call to call).
 
-Cases (bf16, layout (batch, seqlen, heads, head_dim), seeded random inputs):
+Cases (bf16, layout (batch, seqlen, heads, head_dim), random inputs seeded by the case's name; a worker builds
+only the cases ``--only`` selects):
 - forward and backward (kernel time in a CUDA graph, and per eager call), 4 x 4096, 16 heads,
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
   and not) and 2 x 8192 (d128), both at 1 x 16384 (d128, causal and not), the forward at d96 and d256 (the mma.sync body), causal, and
@@ -43,95 +44,129 @@ from pathlib import Path
 BF16 = "bfloat16"
 
 
-def _cases(torch, hfp):
-    """name -> (callable, outputs_callable); inputs are built here, before any timing."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    dt = torch.bfloat16
+DEVICE = "cuda"  # the tests build cases on the CPU
 
-    def rand(*shape):
-        return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
 
-    cases = {}
+def _case_builders(torch, hfp):
+    """name -> (build, form): ``build(rand)`` makes a case's inputs with ``rand(*shape)`` (bf16 normals) and returns
+    the callable to time; ``form`` says how it is timed ("graph": CUDA graph and eager, "eager")."""
+    builders = {}
+
+    def case(name, form="graph"):
+        def register(build):
+            builders[name] = (build, form)
+            return build
+
+        return register
+
+    def attention(shape_q, shape_kv, d_v=None, causal=False):  # a forward case: q (B, S, H, D), k/v (B, S, H_kv, D)
+        def build(rand):
+            q, k = rand(*shape_q), rand(*shape_kv)
+            v = rand(*shape_kv[:-1], d_v or shape_kv[-1])
+            return lambda: hfp.flash_attn_func(q, k, v, causal=causal)
+
+        return build
+
     for d, causal in [(128, False), (128, True), (64, False), (64, True)]:
-        q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
-        cases[f"fwd d{d} 4x4k {'causal' if causal else 'full'}"] = (
-            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+        case(f"fwd d{d} 4x4k {'causal' if causal else 'full'}")(
+            attention((4, 4096, 16, d), (4, 4096, 16, d), causal=causal))
     for causal in (False, True):  # short sequences: a CTA's prologue and epilogue weigh most here
-        q, k, v = rand(8, 2048, 16, 128), rand(8, 2048, 16, 128), rand(8, 2048, 16, 128)
-        cases[f"fwd d128 8x2k {'causal' if causal else 'full'}"] = (
-            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
-    q, k, v = rand(2, 8192, 16, 128), rand(2, 8192, 16, 128), rand(2, 8192, 16, 128)  # a length between the 2k-4k and 16k rows
-    cases["fwd d128 2x8k full"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v), "graph")
+        case(f"fwd d128 8x2k {'causal' if causal else 'full'}")(
+            attention((8, 2048, 16, 128), (8, 2048, 16, 128), causal=causal))
+    case("fwd d128 2x8k full")(attention((2, 8192, 16, 128), (2, 8192, 16, 128)))  # between the 2k-4k and 16k rows
     for causal in (False, True):  # bench_forward's d128 16k rows: one sequence of 16 heads
-        q, k, v = rand(1, 16384, 16, 128), rand(1, 16384, 16, 128), rand(1, 16384, 16, 128)
-        cases[f"fwd d128 1x16k {'causal' if causal else 'full'}"] = (
-            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
-    q, k, v = rand(8, 2048, 32, 64), rand(8, 2048, 32, 64), rand(8, 2048, 32, 64)  # 256 (head, sequence) pairs
-    cases["fwd d64 8x2k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
+        case(f"fwd d128 1x16k {'causal' if causal else 'full'}")(
+            attention((1, 16384, 16, 128), (1, 16384, 16, 128), causal=causal))
+    case("fwd d64 8x2k causal")(attention((8, 2048, 32, 64), (8, 2048, 32, 64), causal=True))  # 256 pairs
     for causal in (False, True):  # bench_forward's d64 16k rows: one sequence of 32 heads
-        q, k, v = rand(1, 16384, 32, 64), rand(1, 16384, 32, 64), rand(1, 16384, 32, 64)
-        cases[f"fwd d64 1x16k {'causal' if causal else 'full'}"] = (
-            lambda q=q, k=k, v=v, c=causal: hfp.flash_attn_func(q, k, v, causal=c), "graph")
+        case(f"fwd d64 1x16k {'causal' if causal else 'full'}")(
+            attention((1, 16384, 32, 64), (1, 16384, 32, 64), causal=causal))
     for batch, seqlen in ((4, 4096), (1, 16384)):  # the fine-tune model's attention: 32 query / 8 KV heads, d64
-        q, k, v = rand(batch, seqlen, 32, 64), rand(batch, seqlen, 8, 64), rand(batch, seqlen, 8, 64)
-        cases[f"fwd d64 {batch}x{seqlen // 1024}k causal gqa4"] = (
-            lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
+        case(f"fwd d64 {batch}x{seqlen // 1024}k causal gqa4")(
+            attention((batch, seqlen, 32, 64), (batch, seqlen, 8, 64), causal=True))
     for d in (96, 256):  # head dims the mma.sync body serves on every GPU
-        q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
-        cases[f"fwd d{d} 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
-    q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
-    cases["fwd d192/128 4x4k causal"] = (lambda q=q, k=k, v=v: hfp.flash_attn_func(q, k, v, causal=True), "graph")
+        case(f"fwd d{d} 4x4k causal")(attention((4, 4096, 16, d), (4, 4096, 16, d), causal=True))
+    case("fwd d192/128 4x4k causal")(attention((4, 4096, 16, 192), (4, 4096, 16, 192), d_v=128, causal=True))
+
     # the backward kernel alone (the op autograd calls) on the forward kernel's out / lse, so that a CUDA graph
     # captures it (autograd would run it on the stream of the forward, outside the capture)
-    from hf_flashpatch.kernels import backward as bwd_kernels, forward as fwd_kernels
+    def backward(shape, d_v=None, kv_heads=None, causal=False):
+        def build(rand):
+            from hf_flashpatch.kernels import backward as bwd_kernels, forward as fwd_kernels
 
-    def backward_case(q, k, v, causal):
-        out, lse = fwd_kernels.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
-                                                 window_right=0 if causal else -1, softcap=None)  # fmt: skip
-        grad = rand(*out.shape)
-        return lambda: bwd_kernels.attention_backward(grad, q, k, v, out, lse, causal=causal)
+            q = rand(*shape)
+            kv_shape = (*shape[:2], kv_heads or shape[2], shape[3])
+            k, v = rand(*kv_shape), rand(*kv_shape[:-1], d_v or shape[3])
+            out, lse = fwd_kernels.attention_forward(q, k, v, causal=causal, softmax_scale=None, window_left=-1,
+                                                     window_right=0 if causal else -1, softcap=None)  # fmt: skip
+            grad = rand(*out.shape)
+            return lambda: bwd_kernels.attention_backward(grad, q, k, v, out, lse, causal=causal)
+
+        return build
 
     for d, causal in [(128, False), (128, True), (64, True)]:
-        q, k, v = rand(4, 4096, 16, d), rand(4, 4096, 16, d), rand(4, 4096, 16, d)
-        cases[f"bwd d{d} 4x4k {'causal' if causal else 'full'}"] = (backward_case(q, k, v, causal), "graph")
+        case(f"bwd d{d} 4x4k {'causal' if causal else 'full'}")(backward((4, 4096, 16, d), causal=causal))
     for d, heads in [(128, 16), (64, 32)]:  # bench_backward's 2k rows: 8 sequences, short blocks (one wave = 132)
-        q, k, v = rand(8, 2048, heads, d), rand(8, 2048, heads, d), rand(8, 2048, heads, d)
-        cases[f"bwd d{d} 8x2k full"] = (backward_case(q, k, v, False), "graph")
+        case(f"bwd d{d} 8x2k full")(backward((8, 2048, heads, d)))
     for causal in (False, True):  # bench_backward's d128 16k rows: one sequence of 16 heads
-        q, k, v = rand(1, 16384, 16, 128), rand(1, 16384, 16, 128), rand(1, 16384, 16, 128)
-        cases[f"bwd d128 1x16k {'causal' if causal else 'full'}"] = (backward_case(q, k, v, causal), "graph")
-    q, k, v = rand(4, 4096, 16, 192), rand(4, 4096, 16, 192), rand(4, 4096, 16, 128)  # multi-head latent attention
-    cases["bwd d192/128 4x4k causal"] = (backward_case(q, k, v, True), "graph")
+        case(f"bwd d128 1x16k {'causal' if causal else 'full'}")(backward((1, 16384, 16, 128), causal=causal))
+    case("bwd d192/128 4x4k causal")(backward((4, 4096, 16, 192), d_v=128, causal=True))  # multi-head latent attention
     for length in (4096, 16384):  # the fine-tune shape: one sequence, 32 / 8 heads (few blocks: 8 x length / 128)
-        q, k, v = rand(1, length, 32, 64), rand(1, length, 8, 64), rand(1, length, 8, 64)
-        cases[f"bwd d64 1x{length // 1024}k 32/8 causal"] = (backward_case(q, k, v, True), "graph")
-    batch, length = 64, 4096
-    q = rand(batch, 1, 32, 128)
-    k_cache, v_cache = rand(batch, length, 8, 128), rand(batch, length, 8, 128)
-    lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+        case(f"bwd d64 1x{length // 1024}k 32/8 causal")(backward((1, length, 32, 64), kv_heads=8, causal=True))
+
     # the table check of the newer API: off in the "unchecked" rows (the older API has no check)
     has_check = "check_inputs" in inspect.signature(hfp.flash_attn_with_kvcache).parameters
     unchecked = {"check_inputs": False} if has_check else {}
-    cases["decode 64x4k contiguous"] = (lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens), "graph")
-    cases["decode 64x4k contiguous unchecked"] = (
-        lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens, **unchecked), "eager")
-    page = 16
-    pages_per_row = length // page
-    order = torch.randperm(batch * pages_per_row, device="cuda", generator=gen).int()
-    table = order.view(batch, pages_per_row)  # (B, pages): row b's pages, shuffled in the pool
-    k_pages = torch.empty(batch * pages_per_row, page, 8, 128, device="cuda", dtype=dt)
-    v_pages = torch.empty_like(k_pages)
-    k_pages[order.long()] = k_cache.reshape(batch * pages_per_row, page, 8, 128)  # (B*pages, page, H_kv, D)
-    v_pages[order.long()] = v_cache.reshape(batch * pages_per_row, page, 8, 128)
-    cases["decode 64x4k paged16"] = (lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens), "graph")
-    cases["decode 64x4k paged16 unchecked"] = (
-        lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens, **unchecked), "eager")
-    small_q, small_k, small_v = rand(8, 1, 32, 128), rand(8, 1024, 8, 128), rand(8, 1024, 8, 128)
-    small_lens = torch.full((8,), 1000, dtype=torch.int32, device="cuda")
-    cases["decode 8x1k contiguous"] = (
-        lambda: hfp.flash_attn_with_kvcache(small_q, small_k, small_v, small_lens), "graph")
-    cases["decode 8x1k contiguous unchecked"] = (
-        lambda: hfp.flash_attn_with_kvcache(small_q, small_k, small_v, small_lens, **unchecked), "eager")
+
+    def contiguous_decode(batch, length, valid, checks):  # q (B, 1, 32, 128) over a (B, length, 8, 128) cache
+        def build(rand):
+            q, k_cache, v_cache = rand(batch, 1, 32, 128), rand(batch, length, 8, 128), rand(batch, length, 8, 128)
+            lens = torch.full((batch,), valid, dtype=torch.int32, device=DEVICE)
+            return lambda: hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens, **checks)
+
+        return build
+
+    def paged_decode(checks, batch=64, length=4096, page=16):  # the same cache as a shuffled pool of 16-token pages
+        def build(rand):
+            q, k_cache, v_cache = rand(batch, 1, 32, 128), rand(batch, length, 8, 128), rand(batch, length, 8, 128)
+            lens = torch.full((batch,), length, dtype=torch.int32, device=DEVICE)
+            pages_per_row = length // page
+            order = torch.randperm(batch * pages_per_row, device=DEVICE).int()
+            table = order.view(batch, pages_per_row)  # (B, pages): row b's pages, shuffled in the pool
+            k_pages = torch.empty(batch * pages_per_row, page, 8, 128, device=DEVICE, dtype=k_cache.dtype)
+            v_pages = torch.empty_like(k_pages)
+            k_pages[order.long()] = k_cache.reshape(batch * pages_per_row, page, 8, 128)  # (B*pages, page, H_kv, D)
+            v_pages[order.long()] = v_cache.reshape(batch * pages_per_row, page, 8, 128)
+            return lambda: hfp.flash_attn_paged_decode(q, k_pages, v_pages, table, lens, **checks)
+
+        return build
+
+    case("decode 64x4k contiguous")(contiguous_decode(64, 4096, 4096, {}))
+    case("decode 64x4k contiguous unchecked", "eager")(contiguous_decode(64, 4096, 4096, unchecked))
+    case("decode 64x4k paged16")(paged_decode({}))
+    case("decode 64x4k paged16 unchecked", "eager")(paged_decode(unchecked))
+    case("decode 8x1k contiguous")(contiguous_decode(8, 1024, 1000, {}))
+    case("decode 8x1k contiguous unchecked", "eager")(contiguous_decode(8, 1024, 1000, unchecked))
+    return builders
+
+
+def _cases(torch, hfp, only: str = ""):
+    """name -> (callable, form) for the cases whose name matches ``only``, inputs built here, before any timing, and
+    only for those: a case's inputs come from a generator seeded by its name, so they are the same whatever else is
+    selected (and in every tree)."""
+    import zlib
+
+    cases = {}
+    for name, (build, form) in _case_builders(torch, hfp).items():
+        if not re.search(only, name):
+            continue
+        torch.manual_seed(zlib.crc32(name.encode()))  # the paged pool's shuffle
+        gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(name.encode()))
+        try:
+            cases[name] = (build(lambda *shape, gen=gen: torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16,
+                                                                        generator=gen)), form)  # fmt: skip
+        except Exception as exc:  # a tree that cannot build the case (its forward refuses it): a "-" in the table
+            print(f"{name}: not built ({type(exc).__name__}: {exc})", file=sys.stderr)
     return cases
 
 
@@ -158,9 +193,7 @@ def worker(tree: str, out: str, repeats: int, only: str) -> None:
 
     assert Path(hfp.__file__).resolve().is_relative_to(Path(tree).resolve()), hfp.__file__
     times, outputs = {}, {}
-    for name, (fn, form) in _cases(torch, hfp).items():
-        if not re.search(only, name):
-            continue
+    for name, (fn, form) in _cases(torch, hfp, only).items():
         try:
             result = fn()
         except Exception as exc:  # an older tree that does not serve the case: a "-" in the table

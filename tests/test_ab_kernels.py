@@ -49,3 +49,48 @@ def test_every_script_with_a_main_runs_as_a_program(script):
                           timeout=120, cwd=ROOT)  # fmt: skip
     assert "usage:" in (done.stdout + done.stderr).lower(), (
         f"{script} --help printed no usage (rc {done.returncode}): is main() called under __main__?\n{done.stderr[-2000:]}")
+
+
+class _RecordingApi:
+    """The public functions the A/B cases call, recording their tensors instead of running kernels."""
+
+    def __init__(self):
+        self.calls = []
+
+    def flash_attn_func(self, q, k, v, causal=False):
+        self.calls.append((q, k, v, causal))
+        return q
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, lens, check_inputs=True):
+        self.calls.append((q, k_cache, v_cache, check_inputs))
+        return q
+
+
+def test_only_the_selected_cases_are_built_from_inputs_seeded_by_their_name(monkeypatch, capsys):
+    """A worker builds the inputs of the cases ``--only`` selects and no others (each A/B process used to build every
+    case's, the backward's forward launches included), and a case's inputs do not depend on what else is selected."""
+    monkeypatch.setattr(ab_kernels, "DEVICE", "cpu")
+    api = _RecordingApi()
+    cases = ab_kernels._cases(torch, api, only="^fwd d192")
+    assert list(cases) == ["fwd d192/128 4x4k causal"] and cases["fwd d192/128 4x4k causal"][1] == "graph"
+    cases["fwd d192/128 4x4k causal"][0]()
+    ((q, k, v, causal),) = api.calls
+    assert (q.shape, k.shape, v.shape, causal, q.dtype) == ((4, 4096, 16, 192), (4, 4096, 16, 192), (4, 4096, 16, 128),
+                                                            True, torch.bfloat16)  # fmt: skip
+    more = ab_kernels._cases(torch, api, only="^fwd d192|^decode 8x1k contiguous unchecked")
+    assert list(more) == ["fwd d192/128 4x4k causal", "decode 8x1k contiguous unchecked"]
+    more["fwd d192/128 4x4k causal"][0]()
+    assert all(torch.equal(a, b) for a, b in zip(api.calls[0][:3], api.calls[1][:3]))  # the same inputs
+    assert more["decode 8x1k contiguous unchecked"][1] == "eager"
+    more["decode 8x1k contiguous unchecked"][0]()
+    assert api.calls[-1][0].shape == (8, 1, 32, 128) and api.calls[-1][3] is False  # no table check
+    assert capsys.readouterr().err == ""
+
+
+def test_a_case_a_tree_cannot_build_is_left_out_with_its_reason(monkeypatch, capsys):
+    """The backward cases launch the forward kernel while building their inputs: where it refuses (here: CPU
+    tensors), the case is left out (a "-" in the table) and the reason printed, and the other cases still run."""
+    monkeypatch.setattr(ab_kernels, "DEVICE", "cpu")
+    cases = ab_kernels._cases(torch, _RecordingApi(), only="^bwd d64 1x4k|^fwd d96")
+    assert list(cases) == ["fwd d96 4x4k causal"]
+    assert "bwd d64 1x4k 32/8 causal: not built (KernelUnsupported" in capsys.readouterr().err
