@@ -73,8 +73,8 @@ __device__ __forceinline__ void reduce_add_box(const TmaDescriptor& desc, uint32
 // (1024-byte aligned, the map's 128-byte swizzle), where `issue` holds; rows past the tensor's end are not written.
 // Part of this thread's current bulk async-group; the shared memory is read asynchronously (fence_proxy_async_shared
 // first). The condition is a predicate of the instruction, not a branch: every lane of a warp may run the call
-// with one of them issuing, and the kernel keeps no lane-dependent region (one made ptxas move the key loop's wgmma
-// descriptors out of uniform registers).
+// with one of them issuing, and no lane-dependent region enters the work loop (a per-warp test in the forward's
+// epilogue made ptxas move the key loop's wgmma descriptors out of uniform registers).
 __device__ __forceinline__ void store_box_if(bool issue, const TmaDescriptor& desc, uint32_t src, int x0, int x1,
                                              int x2, int x3) {
   asm volatile(
