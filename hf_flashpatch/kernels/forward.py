@@ -222,18 +222,25 @@ def native_value_head_dim_for(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.is_cuda and native_value_head_dim(q.shape[-1], v.shape[-1], device_arch(q.device))
 
 
+def _packed_rows_map(wanted: bool, t: torch.Tensor, rows: int, group: int) -> tuple[bytes, int]:
+    """``(map, box_heads)`` for boxes of ``rows`` packed rows of ``t`` (``group`` heads x ``rows // group``
+    positions, the heads fastest), or ``(NO_DESCRIPTOR, 0)`` when not ``wanted``, when ``group`` does not divide
+    ``rows``, for an empty ``t`` and for a layout the driver cannot map."""
+    if not wanted or rows % group or t.numel() == 0:
+        return tma.NO_DESCRIPTOR, 0
+    try:
+        return tma.descriptor(t, rows // group, box_heads=group), group
+    except tma.TmaUnsupported:
+        return tma.NO_DESCRIPTOR, 0
+
+
 def _query_map(config: ForwardConfig, q: torch.Tensor, group: int) -> tuple[bytes, int]:
     """``(q_tma, q_box_heads)``: the tensor map the Hopper body's producer loads each math warpgroup's 64 packed
     query rows with (``group`` heads x ``64 // group`` positions a box), and the heads a box holds, for a
     config with ``q_by_tma`` (``heuristics.HOPPER_SHAPES``). Other configs, a group that does not divide 64 (say
     3, 5 or 7) and a layout the driver cannot map get ``(NO_DESCRIPTOR, 0)``: the math warps then copy their rows
     themselves (``cuda/fwd_hopper_ws.cu``)."""
-    if not config.q_by_tma or 64 % group or q.numel() == 0:
-        return tma.NO_DESCRIPTOR, 0
-    try:
-        return tma.descriptor(q, 64 // group, box_heads=group), group
-    except tma.TmaUnsupported:
-        return tma.NO_DESCRIPTOR, 0
+    return _packed_rows_map(config.q_by_tma, q, 64, group)
 
 
 def _output_map(config: ForwardConfig, out: torch.Tensor, group: int, varlen: bool) -> tuple[bytes, int]:
@@ -241,12 +248,7 @@ def _output_map(config: ForwardConfig, out: torch.Tensor, group: int, varlen: bo
     output rows with (``group`` heads x ``16 // group`` positions a box), and the heads a box holds. Varlen problems
     (a box could cross into the next sequence), a group that does not divide 16 and other configs get
     ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves."""
-    if not config.tma_output or varlen or 16 % group or out.numel() == 0:
-        return tma.NO_DESCRIPTOR, 0
-    try:
-        return tma.descriptor(out, 16 // group, box_heads=group), group
-    except tma.TmaUnsupported:
-        return tma.NO_DESCRIPTOR, 0
+    return _packed_rows_map(config.tma_output and not varlen, out, 16, group)
 
 
 def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
