@@ -42,6 +42,14 @@ __device__ __forceinline__ int fresh_thread_index() {
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(index));
   return index;
 }
+// One lane of a converged warp (the first), chosen by elect.sync: a predicate, so no lane index stays live for it.
+__device__ __forceinline__ bool elect_one() {
+  uint32_t elected;
+  asm volatile(
+      "{\n .reg .pred p;\n elect.sync _|p, 0xffffffff;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(elected));
+  return elected != 0;
+}
 
 // ---------------------------------------------------------------- cp.async (global -> shared)
 // 16-byte copy that bypasses L1; when `valid` is false the 16 destination bytes are zero-filled,

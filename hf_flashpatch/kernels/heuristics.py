@@ -67,21 +67,20 @@ class TileShape:
 #   each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing 16:
 #   0.985-0.994 of the kernel time at 8x2k).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
-#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. The softmax runs after the previous P V
-#   retired: with the overlap the 160 registers left the tensor cores idle longer than they saved, and masked
-#   builds spilled; two stages suffice there. Its Q rows come by the TMA from a producer thread, issued as soon as
-#   a warpgroup's last S retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal
-#   crosses a 192-row tile over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue
-#   cost more than it saved.
+#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. Each tile's softmax runs under the previous
+#   tile's P V, as at d128 (FA3's d64 schedule too); two stages unmasked, three masked (a causal work's first tiles
+#   come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a warpgroup's last S
+#   retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal crosses a 192-row tile
+#   over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, overlap_softmax=True,
                             kv_cluster=2, tma_output=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
                            q_by_tma=True),
-    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
-                           own_key_tiles=True),
-    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
-                          own_key_tiles=True),
+    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, overlap_softmax=True,
+                           q_by_tma=True, own_key_tiles=True),
+    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=3, wgmma=True, overlap_softmax=True,
+                          q_by_tma=True, own_key_tiles=True),
 }
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
