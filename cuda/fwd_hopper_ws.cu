@@ -254,9 +254,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   const int warp = math_tid >> 5;
   const int warpgroup = uniform_warpgroup(math_tid);  // = warp >> 2
   const int g = lane >> 2, t = lane & 3;
-  // The per-work code (Q copy, zeroed rows, output) reads its thread index afresh rather than keep one live across
-  // the key loop: at d64's 160 registers a live index spilled.
-  auto fresh_math_tid = []() { return fresh_thread_index() - kProducerThreads; };
+  // At 160 registers a math thread (three warpgroups) a lane index kept live across the key loop spilled: there the
+  // per-work code (Q copy, zeroed rows, output) reads its thread index afresh and each release elects its lane
+  // (elect.sync, a predicate). With more registers the index stays live, which keeps the key loop the shorter.
+  constexpr bool kFreshIndex = kMathRegisters <= 160;
+  auto per_work_math_tid = [&]() { return kFreshIndex ? fresh_thread_index() - kProducerThreads : math_tid; };
+  auto first_lane = [&]() { return kFreshIndex ? elect_one() : lane == 0; };
   const int warp_row0 = warp * 16;
   const OperandDescriptors desc = operand_descriptors(smem, warpgroup);
   // The output's staging (kStagedOutput): this warp's 16 rows x HEAD_DIM_V, 4 KB, in its warpgroup's Q rows (64 rows
@@ -274,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     } else {  // copy them, once every warp of this warpgroup is past the last work's products (and output boxes)
       if constexpr (kTmaOutput) bulk_wait_read<0>();  // every lane (only the first has groups)
       named_barrier_sync(kQRowsBarrier + warpgroup, 128);
-      load_query_rows(smem, p, tile, warpgroup, fresh_math_tid() & 127);
+      load_query_rows(smem, p, tile, warpgroup, per_work_math_tid() & 127);
       cp_async_commit();
       cp_async_wait<0>();
       fence_proxy_async_shared();  // the copies, for the tensor cores' reads
@@ -301,7 +304,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
       if (zero_values) {
         wait_values(r);
         const int first_row = tile.span.seqlen_k - first_key0;
-        zero_tile_rows<BLOCK_N, HEAD_DIM_V / 64, kMathThreads>(smem.v_ring + slot * kVBytes, first_row, fresh_math_tid());
+        zero_tile_rows<BLOCK_N, HEAD_DIM_V / 64, kMathThreads>(smem.v_ring + slot * kVBytes, first_row,
+                                                               per_work_math_tid());
         fence_proxy_async_shared();
         named_barrier_sync(kMathBarrier, kMathThreads);
       }
@@ -309,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     };
     auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
       __syncwarp();
-      if (elect_one()) {
+      if (first_lane()) {
         mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
         // A multicast slot is rewritten in both CTAs: the other CTA's producer waits for this warp too.
         if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
@@ -329,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     auto release_queries = [&]() {  // this warp's products no longer read the Q rows
       if (!q_by_tma) return;
       __syncwarp();
-      if (elect_one()) mbarrier_arrive(q_empty_bars + 8 * warpgroup);
+      if (first_lane()) mbarrier_arrive(q_empty_bars + 8 * warpgroup);
     };
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
@@ -352,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store (kStagedOutput: through this warp's share of its
     // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
     // warpgroup, so after this warp's reads)
-    store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, fresh_math_tid() & 31, staging, tma_output);
+    store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, per_work_math_tid() & 31, staging, tma_output);
     ring += num_tiles;
     ++works;
   });
