@@ -121,13 +121,11 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 }
 
 // A math warpgroup's key loop over its 64 rows: per key tile S = Q K^T, soft-cap, mask (boundary tiles
-// only), online softmax in base 2, O += P V, both products on wgmma. With OVERLAP_SOFTMAX the softmax of
-// tile i overlaps O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of
-// tile i-1's softmax (kRescaleBeforePv), P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while
-// P V still runs (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles).
-// Without it (a build whose registers cannot hold S(i) beside P(i-1)), P(i-1) V(i-1) retires before S(i) is
-// issued. K and V of a ring slot are waited for and handed back apart (with one barrier a slot, the kernel's
-// callbacks make V's wait and K's release no-ops): `wait_keys(i)` waits until tile i's K is in its slot and
+// only), online softmax in base 2, O += P V, both products on wgmma. The softmax of tile i overlaps
+// O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of tile i-1's softmax
+// (kRescaleBeforePv), P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while P V still runs
+// (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles). K and V of a ring
+// slot are waited for and handed back apart: `wait_keys(i)` waits until tile i's K is in its slot and
 // returns the slot (K at k_ring + slot * kKBytes), `wait_values(i)` until its V is (at v_ring + slot * kVBytes);
 // `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
 // runs once every S = Q K^T retired (at once without key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
@@ -141,11 +139,10 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
                                          WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
                                          ReleaseValues release_values, ReleaseQueries release_queries) {
   using namespace hfp::sm90;
-  constexpr bool kOverlap = OVERLAP_SOFTMAX != 0;
-  // With the overlap, O's rescale for tile i-1 goes before P(i-1) V(i-1), under S(i) (FlashAttention-3's order),
-  // where a tile's P V is long enough to pay for starting later; on 64-key tiles (192/128) it waits for P V to
-  // retire instead, as without the overlap (decision log in notes/forward.md).
-  constexpr bool kRescaleBeforePv = kOverlap && BLOCK_N >= 128;
+  // O's rescale for tile i-1 goes before P(i-1) V(i-1), under S(i) (FlashAttention-3's order), where a tile's P V is
+  // long enough to pay for starting later; on 64-key tiles (192/128) it waits for P V to retire instead (decision
+  // log in notes/forward.md).
+  constexpr bool kRescaleBeforePv = BLOCK_N >= 128;
   const int num_tiles = tile.keys.num_tiles, n_block_max = tile.keys.n_block_max;
   if (num_tiles == 0) {
     release_queries();
@@ -192,27 +189,17 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
   bool rescale_pending = false;  // kRescaleBeforePv: O still owes the rescale of the last softmax (before its P V)
   for (int i = 1; i < num_tiles; ++i) {
-    if constexpr (!kOverlap) {
-      issue_pv_of(i - 1);
-      retire_pv(i - 1);
-    }
     issue_scores_of(wait_keys(i));
-    if constexpr (kOverlap) {
-      // O += P(i-1) V(i-1) after O's rescale for tile i-1, done here under S(i) (FlashAttention-3 rescales
-      // before the product too), so that only P(i)'s packing follows the wait for the product.
-      if constexpr (kRescaleBeforePv) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
-      issue_pv_of(i - 1);
-      wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
-    } else {
-      wgmma_wait<0>();
-    }
+    // O += P(i-1) V(i-1) after O's rescale for tile i-1, done here under S(i) (FlashAttention-3 rescales before
+    // the product too), so that only P(i)'s packing follows the wait for the product.
+    if constexpr (kRescaleBeforePv) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
+    issue_pv_of(i - 1);
+    wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
     fence_operands(s_flat);
     release_keys(i);
     const bool max_moved = softmax_of(i);
-    if constexpr (kOverlap) {
-      keep_wait_behind(rows.softmax.row_sum);
-      retire_pv(i - 1);
-    }
+    keep_wait_behind(rows.softmax.row_sum);
+    retire_pv(i - 1);
     if constexpr (kRescaleBeforePv) {
       rescale_pending = max_moved;
     } else {

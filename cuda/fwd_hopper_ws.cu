@@ -12,8 +12,7 @@
 // 128-byte-swizzled tiles with the TMA (tma.cuh): per tile, for K and then V, it arrives on that half's "full"
 // mbarrier announcing its bytes and issues one box per 64 columns, which complete the barrier's phase as they land.
 // Before reusing a slot's K (V) it waits on its "empty" mbarrier, which every math warp arrives on once S = Q K^T
-// (P V) has read it, so the next K lands while this V is still read (builds without OVERLAP_SOFTMAX: one pair of
-// barriers per slot covers both, kSplitKV). The ring runs on from one work to the next, so the next work's tiles
+// (P V) has read it, so the next K lands while this V is still read. The ring runs on from one work to the next, so the next work's tiles
 // land under this one's last products and its output stores. KV_CLUSTER = 2 builds run in clusters of two CTAs that
 // take two query tiles of one pair at a time: each producer loads half of every tile's rows into both CTAs' rings (a
 // multicast box), and a slot's "empty" mbarrier counts both CTAs' math warps. Where the launch passes q_box_heads (the
@@ -32,7 +31,7 @@
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
 // Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
-// NUM_WG (math warpgroups), KV_STAGES (>= 2), OVERLAP_SOFTMAX (key_loop), Q_BY_TMA (Q rows by a producer thread,
+// NUM_WG (math warpgroups), KV_STAGES (>= 2), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),
 // TMA_OUTPUT (the output by the TMA from each warp's Q rows), ELEM_BF16, HAS_MASK.
@@ -69,10 +68,6 @@ static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgrou
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
 constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
-// K and V of a slot on barriers of their own only where the key loop overlaps the softmax with the previous
-// P V (the next K may then land while this V is still read); without the overlap P V retires before the next S
-// is issued, and one barrier per slot (K's, covering both) saves a wait and an arrival per tile.
-constexpr bool kSplitKV = OVERLAP_SOFTMAX != 0;
 // STAGED_OUTPUT: the output leaves through shared memory in 16-byte stores of whole rows, staged in the warpgroup's
 // Q rows, free from a work's last S to the next work's copy (so not with Q by the TMA, which may land the next Q
 // there first); else it is stored from the accumulators.
@@ -125,8 +120,8 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
-  // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. With kSplitKV, K and V of a slot land and are handed back
-  // apart, so that the next K may land while this V is still read; without it K's pair covers both (V's unused).
+  // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. K and V of a slot land and are handed back apart, so that
+  // the next K may land while this V is still read (the key loop issues S(i) before P(i-1) V(i-1) retires).
   const uint32_t k_full_bars = smem.end;
   const uint32_t v_full_bars = k_full_bars + KV_STAGES * 8;
   const uint32_t k_empty_bars = v_full_bars + KV_STAGES * 8;
@@ -204,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
         const int slot = ring % KV_STAGES, key_row = first_row - i * BLOCK_N;
         // K, then V: once the math warps handed back what the slot held a pass before, an arrival announcing the
-        // tile's bytes on its "full" barrier and a box per 64 columns (with one barrier a slot, K's covers both).
+        // tile's bytes on its "full" barrier and a box per 64 columns.
         auto claim = [&](uint32_t empty_bars, uint32_t full_bars, int bytes) -> uint32_t {
           if (ring >= KV_STAGES) mbarrier_wait(empty_bars + 8 * slot, (ring / KV_STAGES - 1) & 1);
           arrive_expect_bytes(full_bars + 8 * slot, bytes);
@@ -226,14 +221,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
             }
           }
         };
-        if constexpr (kSplitKV) {
-          load(Columns<HEAD_DIM>{}, claim(k_empty_bars, k_full_bars, kKBytes), smem.k_ring, p.k_tma);
-          load(Columns<HEAD_DIM_V>{}, claim(v_empty_bars, v_full_bars, kVBytes), smem.v_ring, p.v_tma);
-        } else {
-          const uint32_t full = claim(k_empty_bars, k_full_bars, kKBytes + kVBytes);
-          load(Columns<HEAD_DIM>{}, full, smem.k_ring, p.k_tma);
-          load(Columns<HEAD_DIM_V>{}, full, smem.v_ring, p.v_tma);
-        }
+        load(Columns<HEAD_DIM>{}, claim(k_empty_bars, k_full_bars, kKBytes), smem.k_ring, p.k_tma);
+        load(Columns<HEAD_DIM_V>{}, claim(v_empty_bars, v_full_bars, kVBytes), smem.v_ring, p.v_tma);
       }
     });
     if constexpr (kKvCluster > 1) {
@@ -241,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
       // were released (by both CTAs), so that no arrival reaches a CTA that has exited.
       for (int r = max(0, ring - KV_STAGES); r < ring; ++r) {
         mbarrier_wait(k_empty_bars + 8 * (r % KV_STAGES), (r / KV_STAGES) & 1);
-        if constexpr (kSplitKV) mbarrier_wait(v_empty_bars + 8 * (r % KV_STAGES), (r / KV_STAGES) & 1);
+        mbarrier_wait(v_empty_bars + 8 * (r % KV_STAGES), (r / KV_STAGES) & 1);
       }
     }
     return;
@@ -291,9 +280,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     // This warpgroup's rows may see fewer key tiles than the work's (a causal diagonal's first tiles, a window's
     // last ones): it hands those slots back unread once they landed, so every warp arrives on each slot's
     // "empty" barrier once per pass, and every math thread takes part in zeroing a partial first tile.
-    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed (with one barrier a slot: its K did)
+    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed
       const int slot = r % KV_STAGES;
-      if constexpr (kSplitKV) mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
       return slot;
     };
     // Ring tile r's K landed; with zero_values (a varlen sequence's partial first tile, so only outside the key
@@ -319,11 +308,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
         if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
       }
     };
-    // K is handed back once S retired, V once P V did; with one barrier a slot, the slot once P V did.
-    auto release_keys = [&](int r) {
-      if constexpr (kSplitKV) release(k_empty_bars, r);
-    };
-    auto release_values = [&](int r) { release(kSplitKV ? v_empty_bars : k_empty_bars, r); };
+    // K is handed back once S retired, V once P V did.
+    auto release_keys = [&](int r) { release(k_empty_bars, r); };
+    auto release_values = [&](int r) { release(v_empty_bars, r); };
     auto skip_tile = [&](int r, bool zero_rows) {  // a tile none of this warpgroup's rows sees: handed back unread
       wait_keys(r, zero_rows);
       release_keys(r);

@@ -181,16 +181,15 @@ def _arch() -> str:
 
 def _candidate_shapes() -> dict:
     """Alternatives the sweep times against the shipped shape (``ForwardConfig`` validates each): the Hopper
-    body with two or three math warpgroups (three at d64 only), two or three ring stages, and with each tile's
-    softmax overlapping the previous tile's P V or after it."""
+    body with two or three math warpgroups (three at d64 only) and two or three ring stages."""
     from hf_flashpatch.kernels.heuristics import TileShape
 
-    def hopper(block_m, stages, overlap):
+    def hopper(block_m, stages):
         return TileShape(block_m=block_m, block_n=128, num_warps=4 * (block_m // 64 + 1), kv_stages=stages,
-                         wgmma=True, overlap_softmax=overlap)  # fmt: skip
+                         wgmma=True)  # fmt: skip
 
-    two = tuple(hopper(128, s, o) for s, o in ((2, False), (3, False), (3, True)))
-    three = tuple(hopper(192, s, o) for s, o in ((2, False), (3, False), (3, True)))
+    two = tuple(hopper(128, s) for s in (2, 3))
+    three = tuple(hopper(192, s) for s in (2, 3))
     return {64: two + three, 128: two}
 
 
@@ -221,7 +220,6 @@ def sweep_tiles(results: list, seqlens=(4096, 16384)) -> None:
 def _shape_name(shape) -> str:
     name = f"m{shape.block_m}n{shape.block_n}w{shape.num_warps}s{shape.kv_stages}"
     name += "-wgmma" if shape.wgmma else ""
-    name += "-overlap" if shape.overlap_softmax else ""
     return name + ("-qreg" if shape.q_in_registers else "")
 
 

@@ -148,17 +148,18 @@ def test_hopper_shape_has_a_producer_warpgroup_and_64_rows_per_math_warpgroup():
     assert not forward_tile_shape(128, "sm_80", has_mask=True).wgmma  # other GPUs keep the mma.sync body
 
 
-def test_softmax_overlap_and_math_warpgroups_reach_the_build():
+def test_schedule_choices_and_math_warpgroups_reach_the_build():
     """The shipped shapes' schedule choices are compile-time defines of the one Hopper body, and the
-    mma.sync body refuses the overlap (it has no such schedule)."""
+    mma.sync body refuses them (it has no producer warpgroup)."""
     for (head_dim, has_mask), shape in HOPPER_SHAPES.items():
         defines = dict(ForwardConfig.for_problem(head_dim, "bf16", has_mask, shape).build("sm_90a").defines)
-        assert defines["OVERLAP_SOFTMAX"] == str(int(shape.overlap_softmax)), (head_dim, has_mask)
         assert defines["NUM_WG"] == str(shape.block_m // 64), (head_dim, has_mask)
+        assert defines["KV_STAGES"] == str(shape.kv_stages), (head_dim, has_mask)
+        assert defines["Q_BY_TMA"] == str(int(shape.q_by_tma)), (head_dim, has_mask)
+        assert defines["OWN_KEY_TILES"] == str(int(shape.own_key_tiles)), (head_dim, has_mask)
     assert forward_tile_shape(64, "sm_90a").block_m == 192  # d64: three math warpgroups
-    assert forward_tile_shape(128, "sm_90a", has_mask=True).overlap_softmax
-    with pytest.raises(ValueError, match="overlap"):
-        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, overlap_softmax=True)
+    with pytest.raises(ValueError, match="wgmma body"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, q_by_tma=True)
     with pytest.raises(ValueError, match="3 at d64"):  # three math warpgroups serve d64 only
         ForwardConfig(head_dim=128, dtype="bf16", block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True)
 

@@ -68,7 +68,6 @@ class ForwardConfig:
     has_mask: bool = False  # causal / sliding window compiled in; the key-length bound is always on
     wgmma: bool = False  # Hopper body (cuda/fwd_hopper_ws.cu): a producer warpgroup + 64 rows per math warpgroup
     head_dim_v: int | None = None  # v's head dim where it differs from head_dim (HOPPER_VALUE_HEAD_DIM_SHAPES)
-    overlap_softmax: bool = False  # wgmma body: tile i's softmax under tile i-1's P V (TileShape.overlap_softmax)
     q_by_tma: bool = False  # wgmma body: Q rows by a producer thread's TMA (TileShape.q_by_tma)
     own_key_tiles: bool = False  # wgmma body: each math warpgroup's own key tiles (TileShape.own_key_tiles)
     staged_output: bool = False  # wgmma body: the output through the Q rows (TileShape.staged_output)
@@ -85,10 +84,9 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if (self.overlap_softmax or self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1
-                or self.tma_output):
-            raise ValueError(f"the softmax overlap, Q by the TMA, own key tiles, the staged output, the output boxes "
-                             f"and the K/V multicast are the wgmma body's, got {self}")  # fmt: skip
+        if self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output:
+            raise ValueError(f"Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast "
+                             f"are the wgmma body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -151,9 +149,8 @@ class ForwardConfig:
             defines = (
                 ("HEAD_DIM", self.head_dim), ("HEAD_DIM_V", self.value_dim), ("BLOCK_N", self.block_n),
                 ("NUM_WG", math_warpgroups),
-                ("KV_STAGES", self.kv_stages), ("OVERLAP_SOFTMAX", int(self.overlap_softmax)),
-                ("Q_BY_TMA", int(self.q_by_tma)), ("OWN_KEY_TILES", int(self.own_key_tiles)),
-                ("STAGED_OUTPUT", int(self.staged_output)),
+                ("KV_STAGES", self.kv_stages), ("Q_BY_TMA", int(self.q_by_tma)),
+                ("OWN_KEY_TILES", int(self.own_key_tiles)), ("STAGED_OUTPUT", int(self.staged_output)),
                 ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
             )  # fmt: skip
             if self.kv_cluster != 1:  # the source's default is 1 (the other builds' keys unchanged)

@@ -47,7 +47,6 @@ class TileShape:
     kv_stages: int = 2  # depth of the cp.async K/V ring (2 = double buffering)
     q_in_registers: bool = False  # keep the warp's Q fragments in registers instead of re-reading smem
     wgmma: bool = False  # the Hopper body (fwd_hopper_ws.cu): 4 warps per 64-row math warpgroup + 4 producer warps
-    overlap_softmax: bool = False  # wgmma body: tile i's softmax runs under tile i-1's P V (needs S and P live at once)
     q_by_tma: bool = False  # wgmma body: a producer thread loads the math warpgroups' Q rows (else they copy them)
     own_key_tiles: bool = False  # wgmma body: a math warpgroup computes only the key tiles its own rows see
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
@@ -56,9 +55,9 @@ class TileShape:
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
-# of key tiles (K and V on barriers of their own where the softmax overlaps P V), and math warpgroups of 64 rows
-# each. (head dim, masked) -> shape.
-# - d128: two math warpgroups at 240 registers, each tile's softmax under the previous tile's P V. Unmasked: 176-key
+# of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each, every key tile's softmax
+# under the previous tile's P V (FA3's intra-warpgroup overlap). (head dim, masked) -> shape.
+# - d128: two math warpgroups at 240 registers. Unmasked: 176-key
 #   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
 #   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers) where a
 #   CTA walks several works (forward_tile_shape); the unmasked 176-key build does not gain from it (notes/forward.md,
@@ -67,20 +66,18 @@ class TileShape:
 #   each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing 16:
 #   0.985-0.994 of the kernel time at 8x2k).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
-#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows. Each tile's softmax runs under the previous
-#   tile's P V, as at d128 (FA3's d64 schedule too); two stages unmasked, three masked (a causal work's first tiles
-#   come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a warpgroup's last S
-#   retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal crosses a 192-row tile
-#   over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
+#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows; two stages unmasked, three masked (a causal
+#   work's first tiles come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a
+#   warpgroup's last S retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal
+#   crosses a 192-row tile over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
-    (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, overlap_softmax=True,
-                            kv_cluster=2, tma_output=True),
-    (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
-                           q_by_tma=True),
-    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, overlap_softmax=True,
-                           q_by_tma=True, own_key_tiles=True),
-    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=3, wgmma=True, overlap_softmax=True,
-                          q_by_tma=True, own_key_tiles=True),
+    (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
+                            tma_output=True),
+    (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True),
+    (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
+                           own_key_tiles=True),
+    (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=3, wgmma=True, q_by_tma=True,
+                          own_key_tiles=True),
 }
 # (q/k head dim, v head dim) -> shape, for a v head dim of its own (multi-head latent attention: DeepSeek-V3's
 # 192 / 128) on sm_90a, masked or not: the warp-specialised body with 64-key tiles, whose three stages of
@@ -88,8 +85,7 @@ HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
 # 289 KB); its math warps copy their Q rows, and store their output by TMA boxes from them (tma_output) as unmasked
 # d128's do. Other pairs, and other GPUs, take the exact zero-padding route (hf_flashpatch/kernels/value_head_dim.py).
 HOPPER_VALUE_HEAD_DIM_SHAPES: dict[tuple[int, int], TileShape] = {
-    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, overlap_softmax=True,
-                          tma_output=True),
+    (192, 128): TileShape(block_m=128, block_n=64, num_warps=12, kv_stages=3, wgmma=True, tma_output=True),
 }
 
 
