@@ -11,20 +11,19 @@
 // math warpgroups): one of its threads streams every work's key tiles into a KV_STAGES-deep ring of
 // 128-byte-swizzled tiles with the TMA (tma.cuh): per tile, for K and then V, it arrives on that half's "full"
 // mbarrier announcing its bytes and issues one box per 64 columns, which complete the barrier's phase as they land.
-// Before reusing a slot's K (V) it waits on its "empty" mbarrier, which every math warp arrives on once S = Q K^T
-// (P V) has read it, so the next K lands while this V is still read. The ring runs on from one work to the next, so the next work's tiles
-// land under this one's last products and its output stores. KV_CLUSTER = 2 builds run in clusters of two CTAs that
-// take two query tiles of one pair at a time: each producer loads half of every tile's rows into both CTAs' rings (a
-// multicast box), and a slot's "empty" mbarrier counts both CTAs' math warps. Where the launch passes q_box_heads (the
-// shape's q_by_tma, a group that divides 64), another producer thread loads each math warpgroup's 64 Q rows (one box
-// per 64 columns) once every S = Q K^T of the warpgroup's work before retired (its "Q empty" mbarrier), so the next
-// work's Q lands under this one's last P V and output stores. Warpgroups 1..NUM_WG (240 registers each, 232 with the Q
-// thread, 160 with three at d64) own 64 query rows each: per work they wait for their Q rows (or copy them
-// with cp.async), compute the key tiles their own rows see and hand the work's others back unread
-// (row_key_tiles), run the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax,
-// O += P V, all on wgmma) and store their output rows from registers (TMA_OUTPUT: each warp by the TMA, from its
-// Q rows). Without a block-wide barrier per tile the math warpgroups drift apart, so one's softmax overlaps the
-// other's products.
+// Before reusing a slot's K (V) it waits on its "empty" mbarrier, which every math warp arrives on once S = Q K^T (P V)
+// has read it, so the next K lands while this V is still read. The ring runs on from one work to the next, so the next
+// work's tiles land under this one's last products and its output stores. KV_CLUSTER = 2 builds run in clusters of two
+// CTAs that take two query tiles of one pair at a time: each producer loads half of every tile's rows into both CTAs'
+// rings (a multicast box), and a slot's "empty" mbarrier counts both CTAs' math warps. Where the launch passes
+// q_box_heads (the shape's q_by_tma, a group that divides 64), another producer thread loads each math warpgroup's 64 Q
+// rows (one box per 64 columns) once every S = Q K^T of the warpgroup's work before retired (its "Q empty" mbarrier),
+// so the next work's Q lands under this one's last P V and output stores. Warpgroups 1..NUM_WG (240 registers each, 232
+// with the Q thread, 160 with three at d64) own 64 query rows each: per work they wait for their Q rows (or copy them
+// with cp.async), compute the key tiles their own rows see and hand the work's others back unread (row_key_tiles), run
+// the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax, O += P V, all on wgmma) and
+// store their output rows from registers (TMA_OUTPUT: each warp by the TMA, from its Q rows). Without a block-wide
+// barrier per tile the math warpgroups drift apart, so one's softmax overlaps the other's products.
 //
 // Batched tensor maps end where the sequence does (rows past it are zero-filled). A varlen sequence's
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the

@@ -57,19 +57,18 @@ class TileShape:
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
 # of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each, every key tile's softmax
 # under the previous tile's P V (FA3's intra-warpgroup overlap). (head dim, masked) -> shape.
-# - d128: two math warpgroups at 240 registers. Unmasked: 176-key
-#   tiles in two stages (FlashAttention-3's non-causal tile; 208 KB). Masked: 128-key tiles in three stages (the
-#   masked 176-key build spills) and Q by the TMA from a producer thread (the split then 40 / 232 registers) where a
-#   CTA walks several works (forward_tile_shape); the unmasked 176-key build does not gain from it (notes/forward.md,
-#   decision log). Unmasked, two CTAs of a cluster share each K/V tile by a TMA multicast (kv_cluster=2: half the L2
-#   traffic, 0.98 of the kernel time at 16k) where clustered_schedule allows it, else the same shape's plain build;
-#   each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing 16:
-#   0.985-0.994 of the kernel time at 8x2k).
-# - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160
-#   registers (32 + 3 x 160), and one K/V tile serves 1.5x the rows; two stages unmasked, three masked (a causal
-#   work's first tiles come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a
-#   warpgroup's last S retired, and a warpgroup computes only the key tiles its 64 rows see (a causal diagonal
-#   crosses a 192-row tile over two or three 128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
+# - d128: two math warpgroups at 240 registers. Unmasked: 176-key tiles in two stages (FlashAttention-3's non-causal
+#   tile; 208 KB). Masked: 128-key tiles in three stages (the masked 176-key build spills) and Q by the TMA from a
+#   producer thread (the split then 40 / 232 registers) where a CTA walks several works (forward_tile_shape); the
+#   unmasked 176-key build does not gain from it (notes/forward.md, decision log). Unmasked, two CTAs of a cluster share
+#   each K/V tile by a TMA multicast (kv_cluster=2: half the L2 traffic, 0.98 of the kernel time at 16k) where
+#   clustered_schedule allows it, else the same shape's plain build; each math warp stores its output rows with the TMA
+#   from its Q rows (tma_output; batched, groups dividing 16: 0.985-0.994 of the kernel time at 8x2k).
+# - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160 registers
+#   (32 + 3 x 160), and one K/V tile serves 1.5x the rows; two stages unmasked, three masked (a causal work's first tiles
+#   come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a warpgroup's last S retired, and
+#   a warpgroup computes only the key tiles its 64 rows see (a causal diagonal crosses a 192-row tile over two or three
+#   128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
                             tma_output=True),
