@@ -29,7 +29,8 @@ Common keyword arguments:
 
 K/V may have fewer heads than Q (GQA/MQA): query head ``h`` reads KV head ``h // (H // H_kv)``.
 Rows that see no key return zeros. A NaN in q or k gives NaN in the rows that see it (out and lse),
-as in torch, and never reaches other rows or sequences.
+as in torch, and never reaches other rows or sequences; an infinite one gives its scores' plain arithmetic,
+masked first. A NaN or inf in v is not masked (a masked key's weight 0 times inf is NaN): keep v finite.
 
 Table contents (``cu_seqlens_*`` and ``max_seqlen_*``, ``cache_seqlens``, ``page_table`` and
 ``seqlens_k``): ``cu_seqlens`` start at 0, never decrease and end within the rows of q/k (rows past
@@ -78,15 +79,22 @@ def _kernel_call(q: torch.Tensor, run):
         return None
 
 
-def _finish(res, fall_back, return_lse: bool, sinks):
-    """The kernel's ``(out, lse)``, else ``fall_back(want_lse)``'s; sinks folded in (:mod:`.sinks`)."""
+def _finish(res, fall_back, return_lse: bool, sinks, padding_from=None):
+    """The kernel's ``(out, lse)``, else ``fall_back(want_lse)``'s; sinks folded in (:mod:`.sinks`); out contiguous
+    on every path. ``padding_from`` (packed calls: ``cu_seqlens_q[-1]``, a tensor): the rows from there on belong to
+    no sequence and keep lse ``-inf`` with sinks too."""
     if res is None:
         res = fall_back(return_lse or sinks is not None)
     if sinks is not None:
-        res = add_sinks(*res, sinks)
-    if return_lse or not isinstance(res, tuple):
-        return res
-    return res[0]
+        out, lse = add_sinks(*res, sinks)  # out (T_q, H, D_v), lse (H, T_q) when packed
+        if padding_from is not None:
+            rows = torch.arange(lse.shape[-1], device=lse.device)  # (T_q,)
+            lse = lse.masked_fill(rows >= padding_from.to(lse.device), float("-inf"))
+        res = (out, lse)
+    if not isinstance(res, tuple):
+        return res.contiguous()
+    out = res[0].contiguous()
+    return (out, res[1]) if return_lse else out
 
 
 def _window_args(window, causal):
@@ -106,7 +114,7 @@ def flash_attn_func(
     ``lse (B, H, S_q)`` fp32. Differentiable (``deterministic=True`` makes the backward bit-reproducible).
     """
     check_qkv(q, k, v, packed=False)
-    softcap = check_scalars(softmax_scale, softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window, causal)
     sinks = check_sinks(sinks, q)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
@@ -164,7 +172,7 @@ def flash_attn_varlen_func(
     and, with ``return_lse``, ``lse (H, T_q)`` fp32. ``check_inputs=False`` skips the check of the
     tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
-    softcap = check_scalars(softmax_scale, softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
     sinks = check_sinks(sinks, q)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
@@ -183,7 +191,7 @@ def flash_attn_varlen_func(
     fall_back = lambda lse: fallback.varlen_attention(  # noqa: E731
         q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=lse, **common
     )
-    return _finish(res, fall_back, return_lse, sinks)
+    return _finish(res, fall_back, return_lse, sinks, padding_from=cu_seqlens_q[-1])
 
 
 def flash_attn_with_kvcache(
@@ -200,7 +208,7 @@ def flash_attn_with_kvcache(
     ``check_inputs=False`` skips the check of ``cache_seqlens``' values on CUDA (module docstring).
     """
     check_qkv(q, k_cache, v_cache, packed=False)
-    softcap = check_scalars(softmax_scale, softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
     sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
@@ -236,7 +244,7 @@ def flash_attn_paged_decode(
     see :class:`hf_flashpatch.paged.PagedKVCache`.
     """
     check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
-    softcap = check_scalars(softmax_scale, softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window, causal)
     sinks = check_sinks(sinks, q)
     if q.shape[0] == 0:
         return fallback.empty_batch(q, return_lse, v_pages.shape[-1])
@@ -336,7 +344,7 @@ def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
         )
     if len({t.dtype for _, t in named}) != 1:
         raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, got {[str(t.dtype) for _, t in named]}")
-    check_int_vector(slots, "slots", k_new.shape[0])
+    check_int_vector(slots, "slots", k_new.shape[0], slots.device)  # the device: with the pools' below
     if len({t.device for _, t in named} | {slots.device}) != 1:
         raise ValueError(f"k_new, v_new, k_pool, v_pool, slots must be on one device, got "
                          f"{[str(t.device) for _, t in named]} and {slots.device}")  # fmt: skip
@@ -383,7 +391,7 @@ def flash_attn_slot_varlen_func(
     from .validate import check_varlen, content_checks_enabled
 
     check_qkv(q, k_pool, v_pool, packed=True)
-    softcap = check_scalars(softmax_scale, softcap, window)
+    softcap = check_scalars(softmax_scale, softcap, window, causal)
     if k_pool.shape[0] == 0:
         raise ValueError(f"k_pool/v_pool must hold at least one slot, got {tuple(k_pool.shape)}")
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):

@@ -8,7 +8,9 @@ requested) and the tiled online-softmax reference otherwise; rows that see no ke
 NaN: a NaN in q or k makes exactly the rows that see it NaN, on both paths. sdpa alone does not:
 its CPU kernels drop a NaN query row, and a mask tensor is added to the scores, so a NaN key reaches
 the rows the mask hides it from (``NaN + -inf`` is NaN). So sdpa gets q and k with NaN replaced by
-0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync).
+0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync). An infinite
+value in q or k (its scores are inf or NaN by plain arithmetic, as in the kernels) takes the tiled path,
+which masks each score before the softmax reads it; that check costs one host sync on CUDA.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     """q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)`` -> out ``(B, S_q, H, D_v)``
     [, lse ``(B, H, S_q)``]."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if softcap or return_lse:
+    if softcap or return_lse or bool(q.isinf().any() | k.isinf().any()):
         out, lse = attention_tiled(
             q, k, v, causal=causal, softmax_scale=scale, window=window, softcap=softcap, block_m=128, block_n=256
         )
+        out, lse = _in_graph(out, q, k, v), _in_graph(lse, q, k, v)
         return (out, lse) if return_lse else out
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
     left, right = normalize_window(window, causal)
@@ -47,6 +50,19 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     if mask is not None and not bool(mask.any(dim=-1).all()):
         out = out.masked_fill(~mask.any(dim=-1)[None, :, None, None], 0.0)  # rows with no key: 0, not NaN
     return out.masked_fill(_nan_rows(q_nan, k_nan, mask)[..., None], float("nan"))
+
+
+def _in_graph(result, *inputs):
+    """``result`` unchanged, but part of the autograd graph of the ``inputs`` that require a gradient (zero
+    gradients). The tiled reference leaves a result outside it when no tile is visited (no keys at all), where
+    sdpa's zeros stay connected. ``torch.where`` never reads the input's values, so a NaN there stays out."""
+    if result.requires_grad or not torch.is_grad_enabled():
+        return result
+    for t in inputs:
+        if t.requires_grad and t.numel() > 0:
+            never = torch.zeros((), dtype=torch.bool, device=t.device)
+            result = result + torch.where(never, t.reshape(-1)[0], 0.0).to(result.dtype)
+    return result
 
 
 def _nan_rows(q_nan, k_nan, mask):

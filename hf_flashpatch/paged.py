@@ -21,18 +21,44 @@ layers; ``append`` writes exactly the tokens allocated since the layer's last ap
 ``S_new`` of each sequence; anything else is an error, never a silent overwrite) with
 :func:`hf_flashpatch.kv_append` (the CUDA kernel where it serves, torch elsewhere); ``decode`` calls
 :func:`hf_flashpatch.flash_attn_paged_decode` (the cache built the tables, so their contents are not
-re-checked). When the pool is short, ``allocate`` raises
+re-checked) and refuses a sequence with tokens allocated but not yet appended in that layer (it would read
+whatever the page held before). ``seq_ids`` is one hashable id or a list/tuple of them, the same for every
+method. When the pool is short, ``allocate`` raises
 :class:`~hf_flashpatch.errors.PagePoolExhausted` before touching anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import operator
+from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 
 from .errors import PagePoolExhausted
 from .validate import SUPPORTED_DTYPES, check_head_dim, check_page_table_contents
+
+
+def _as_ids(seq_ids) -> list[Hashable]:
+    """One sequence id, or a list/tuple of them, as a list. Other iterables (a range, a set, a tensor, a
+    generator) are refused rather than read as one id by one method and as several by another."""
+    if isinstance(seq_ids, (list, tuple)):
+        return list(seq_ids)
+    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):
+        if not isinstance(seq_ids, Hashable):
+            raise TypeError(f"a sequence id must be hashable, got {type(seq_ids).__name__} {seq_ids!r}")
+        return [seq_ids]
+    raise TypeError(f"seq_ids must be one id (a str, an int, ...) or a list/tuple of ids, got "
+                    f"{type(seq_ids).__name__} {seq_ids!r}")  # fmt: skip
+
+
+def _as_int(value, what: str) -> int:
+    """``value`` as an int (numpy integers too); bools and non-integers: ValueError "``what``, got ``value``"."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what}, got {value!r}") from None
 
 
 def check_page_table(page_table: torch.Tensor, num_pages: int, seqlens: torch.Tensor, page_size: int) -> None:
@@ -63,10 +89,13 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         num_layers: int = 1,
     ):
-        for name, value in (("num_pages", num_pages), ("page_size", page_size), ("kv_heads", kv_heads),
-                            ("head_dim", head_dim), ("num_layers", num_layers)):  # fmt: skip
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        sizes = {"num_pages": num_pages, "page_size": page_size, "kv_heads": kv_heads, "head_dim": head_dim,
+                 "num_layers": num_layers}  # fmt: skip
+        for name, value in sizes.items():
+            sizes[name] = _as_int(value, f"{name} must be a positive int")
+            if sizes[name] <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        num_pages, page_size, kv_heads, head_dim, num_layers = sizes.values()
         check_head_dim(head_dim)  # what decode accepts, so a cache that cannot decode fails here, not later
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype!r}")
@@ -104,8 +133,8 @@ class PagedKVCache:
         All or nothing: when the pool lacks pages for all of them, raises ``PagePoolExhausted``
         (pages needed vs free) and changes nothing.
         """
-        ids = [seq_ids] if not isinstance(seq_ids, (list, tuple)) else list(seq_ids)
-        if not isinstance(num_tokens, int) or num_tokens < 0:
+        ids = _as_ids(seq_ids)
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if len(set(ids)) != len(ids):
             raise ValueError(f"seq_ids must be distinct, got {ids}")
@@ -134,7 +163,7 @@ class PagedKVCache:
 
     def page_table(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """int32 ``(B, max_pages)`` on the pool's device; unused entries are 0 (never read)."""
-        rows = [self._pages[self._known(s)] for s in seq_ids]
+        rows = [self._pages[self._known(s)] for s in _as_ids(seq_ids)]
         width = max(1, max((len(r) for r in rows), default=1))
         table = torch.zeros(len(rows), width, dtype=torch.int32)
         for b, row in enumerate(rows):
@@ -143,7 +172,7 @@ class PagedKVCache:
 
     def seqlens(self, seq_ids: Sequence[Hashable]) -> torch.Tensor:
         """int32 ``(B,)`` on the pool's device."""
-        lengths = [self._lengths[self._known(s)] for s in seq_ids]
+        lengths = [self._lengths[self._known(s)] for s in _as_ids(seq_ids)]
         return torch.tensor(lengths, dtype=torch.int32, device=self.k_pages.device)
 
     def slots(self, seq_id: Hashable, start: int, stop: int) -> list[int]:
@@ -155,9 +184,11 @@ class PagedKVCache:
 
     # ------------------------------------------------------------------------------ data
 
-    def _check_layer(self, layer: int) -> None:
-        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+    def _check_layer(self, layer: int) -> int:
+        index = _as_int(layer, f"layer must be an int in 0..{self.num_layers - 1}")
+        if not 0 <= index < self.num_layers:
             raise ValueError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
+        return index
 
     def append(self, seq_ids: Sequence[Hashable], k_new: torch.Tensor, v_new: torch.Tensor, layer: int = 0) -> None:
         """Write the newest ``S_new`` tokens of each sequence in ``layer``.
@@ -167,10 +198,13 @@ class PagedKVCache:
         tokens allocated since this layer's last append to the sequence, and the ids distinct: a
         missing ``allocate`` would otherwise overwrite the last tokens.
         """
-        self._check_layer(layer)
-        seq_ids = list(seq_ids)
+        layer = self._check_layer(layer)
+        seq_ids = _as_ids(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids must be distinct, got {seq_ids}")
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         expected = (len(seq_ids), k_new.shape[1] if k_new.dim() == 4 else -1, self.kv_heads, self.head_dim)
         if k_new.dim() != 4 or tuple(k_new.shape) != expected or v_new.shape != k_new.shape:
             raise ValueError(
@@ -209,9 +243,19 @@ class PagedKVCache:
         of ``layer``; kwargs as :func:`hf_flashpatch.flash_attn_paged_decode` (``causal=True`` default)."""
         from .api import flash_attn_paged_decode
 
-        self._check_layer(layer)
-        if q.shape[0] != len(seq_ids):
-            raise ValueError(f"q must have one row per sequence ({len(seq_ids)}), got {tuple(q.shape)}")
+        layer = self._check_layer(layer)
+        seq_ids = _as_ids(seq_ids)
+        if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[0] != len(seq_ids):
+            raise ValueError(f"q must be (B={len(seq_ids)}, S_q, H, D), one row per sequence, got "
+                             f"{tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__}")  # fmt: skip
+        written = self._written[layer]
+        for seq_id in seq_ids:
+            missing = self.seq_len(seq_id) - written.get(seq_id, 0)
+            if missing:
+                raise ValueError(
+                    f"sequence {seq_id!r} has {missing} token(s) allocated but not yet appended in layer {layer}: "
+                    f"decode would read keys and values that were never written; call append first"
+                )
         kwargs.setdefault("check_inputs", False)  # the tables come from this cache's own bookkeeping
         return flash_attn_paged_decode(
             q, self.k_pages[layer], self.v_pages[layer], self.page_table(seq_ids), self.seqlens(seq_ids), **kwargs
@@ -219,7 +263,7 @@ class PagedKVCache:
 
     def gather(self, seq_id: Hashable, layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Un-page one sequence: ``(k, v)`` each ``(seq_len, H_kv, D)`` (a copy, for inspection/tests)."""
-        self._check_layer(layer)
+        layer = self._check_layer(layer)
         index = torch.tensor(self.slots(seq_id, 0, self.seq_len(seq_id)), dtype=torch.int64, device=self.k_pages.device)
         flat = (self.num_pages * self.page_size, self.kv_heads, self.head_dim)
         return self.k_pages[layer].view(flat)[index], self.v_pages[layer].view(flat)[index]

@@ -47,6 +47,8 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type == "meta":
+        _fail("q, k, v are on the meta device, which holds no values; attention needs real tensors (cpu or cuda)")
     if k.shape[:-1] != v.shape[:-1]:
         _fail(f"k and v must have the same shape except the last dim (v's head_dim may differ), got {tuple(k.shape)} "
               f"and {tuple(v.shape)}")  # fmt: skip
@@ -74,19 +76,27 @@ def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
-def check_scalars(softmax_scale, softcap, window) -> float | None:
-    """Check ``softmax_scale``, ``softcap`` and ``window``; return the softcap to apply (None = no cap).
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+_INT32_MAX = 2**31 - 1
 
-    ``softcap`` 0, None and +inf all mean no cap (``inf * tanh(s / inf)`` is ``s``); NaN, negative or
-    non-numbers are errors, as are a NaN/infinite ``softmax_scale`` (0.0 is a valid scale: all
-    scores 0) and window sides that are not ints (a float would be truncated silently).
+
+def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
+    """Check ``softmax_scale``, ``softcap``, ``window`` and ``causal``; return the softcap to apply (None = no cap).
+
+    ``softcap`` 0, None and values that are +inf in fp32 (the precision scores are computed in) all mean no cap
+    (``inf * tanh(s / inf)`` is ``s``); NaN, negative or non-numbers are errors, as are a ``softmax_scale`` that
+    is NaN or infinite in fp32 (0.0 is a valid scale: all scores 0), window sides that are not ints (a float
+    would be truncated silently) or do not fit int32, and a ``causal`` that is not a bool (a string such as
+    ``"no"`` would read as true).
     """
+    if not isinstance(causal, bool) and not (isinstance(causal, int) and causal in (0, 1)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     if softmax_scale is not None:
         if not _is_real(softmax_scale):
             got = f"{type(softmax_scale).__name__} {softmax_scale!r}"
             raise TypeError(f"softmax_scale must be a float or None, got {got}")
-        if not math.isfinite(softmax_scale):
-            _fail(f"softmax_scale must be finite (None = 1/sqrt(head_dim)), got {softmax_scale}")
+        if not math.isfinite(softmax_scale) or abs(softmax_scale) > _FLOAT32_MAX:
+            _fail(f"softmax_scale must be finite in fp32 (None = 1/sqrt(head_dim)), got {softmax_scale}")
     if softcap is not None:
         if not _is_real(softcap):
             raise TypeError(f"softcap must be a float or None, got {type(softcap).__name__} {softcap!r}")
@@ -107,7 +117,9 @@ def check_scalars(softmax_scale, softcap, window) -> float | None:
                     f"window {side} must be an int or None (-1/None = unbounded), got {type(value).__name__} "
                     f"{value!r} in window={window!r}"
                 ) from None
-    return softcap if softcap and math.isfinite(softcap) else None
+            if not -_INT32_MAX <= operator.index(value) <= _INT32_MAX:
+                _fail(f"window {side} must fit int32 (-1/None = unbounded), got {value} in window={window!r}")
+    return softcap if softcap and softcap <= _FLOAT32_MAX else None
 
 
 # ------------------------------------------------------------------------------------ table structure
@@ -139,13 +151,22 @@ def check_cu_seqlens(cu: torch.Tensor, name: str, device: torch.device) -> None:
         _fail(f"{name} must be on {device}, got {cu.device}")
 
 
-def check_int_vector(t, name: str, length: int) -> None:
+def _check_table_device(t: torch.Tensor, name: str, device: torch.device) -> None:
+    """A table on ``device`` or on the CPU (the kernel layer moves a host table to q's device)."""
+    if t.device != device and t.device.type != "cpu":
+        where = "the cpu" if device.type == "cpu" else f"{device} or the cpu"
+        _fail(f"{name} must be on {where}, got {t.device}")
+
+
+def check_int_vector(t, name: str, length: int, device: torch.device) -> None:
+    """A ``(length,)`` int32/int64 table on ``device`` or the CPU."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.shape != (length,):
         _fail(f"{name} must be ({length},), got {tuple(t.shape)}")
     if t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    _check_table_device(t, name, device)
 
 
 # ------------------------------------------------------------------------------------ table contents
@@ -266,7 +287,7 @@ def check_kvcache(q, k_cache, cache_seqlens, check_inputs: bool) -> None:
     """flash_attn_with_kvcache's ``cache_seqlens`` (None: every row holds ``S_cache`` tokens)."""
     if cache_seqlens is None:
         return
-    check_int_vector(cache_seqlens, "cache_seqlens", q.shape[0])
+    check_int_vector(cache_seqlens, "cache_seqlens", q.shape[0], q.device)
     if content_checks_enabled(check_inputs, cache_seqlens):
         check_cache_seqlens_contents(cache_seqlens, k_cache.shape[1])
 
@@ -282,7 +303,19 @@ def check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs: bool) 
               f"{tuple(k_pages.shape)} and {tuple(v_pages.shape)}")  # fmt: skip
     if k_pages.shape[0] == 0 or k_pages.shape[1] == 0:
         _fail(f"k_pages/v_pages must hold at least one page of at least one token, got {tuple(k_pages.shape)}")
-    one_page = (q.shape[0] if q.dim() == 4 else 1, -1, -1, -1)  # page 0 as (B, page_size, H_kv, D)
+    if q.dim() != 4:
+        _fail(f"q must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(q.shape)}")
+    # The pools' own names and shapes in the errors (check_qkv below sees page 0 as a (B, page_size, H_kv, D) k).
+    pools = f"q {tuple(q.shape)}, k_pages {tuple(k_pages.shape)}, v_pages {tuple(v_pages.shape)}"
+    if k_pages.dtype != q.dtype or v_pages.dtype != q.dtype:
+        raise TypeError(f"q, k_pages, v_pages must share a dtype, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}")
+    if k_pages.device != q.device or v_pages.device != q.device:
+        _fail(f"q, k_pages, v_pages must be on one device, got {q.device}, {k_pages.device}, {v_pages.device}")
+    if k_pages.shape[-1] != q.shape[-1]:
+        _fail(f"q and k_pages must have the same head_dim (their last dim), got {pools}")
+    if k_pages.shape[2] == 0 or q.shape[2] % k_pages.shape[2] != 0:
+        _fail(f"k_pages/v_pages heads (dim 2) must divide q's heads (GQA/MQA), got {pools}")
+    one_page = (q.shape[0], -1, -1, -1)  # page 0 as (B, page_size, H_kv, D)
     check_qkv(q, k_pages[None, 0].expand(one_page), v_pages[None, 0].expand(one_page), packed=False)
     batch = q.shape[0]
     if not isinstance(page_table, torch.Tensor):
@@ -291,6 +324,7 @@ def check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs: bool) 
         _fail(f"page_table must be ({batch}, max_pages), got {tuple(page_table.shape)}")
     if page_table.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"page_table must be int32 or int64, got {page_table.dtype}")
-    check_int_vector(seqlens_k, "seqlens_k", batch)
+    _check_table_device(page_table, "page_table", q.device)
+    check_int_vector(seqlens_k, "seqlens_k", batch, q.device)
     if content_checks_enabled(check_inputs, page_table, seqlens_k):
         check_page_table_contents(page_table, seqlens_k, k_pages.shape[0], k_pages.shape[1])

@@ -265,3 +265,51 @@ def test_decode_skips_the_device_check_of_its_own_tables(monkeypatch):
 def test_check_page_table_rejects_negative_lengths():
     with pytest.raises(ValueError, match=r"seqlens\[0\] = -2 is negative"):
         check_page_table(torch.tensor([[0, 1]]), 8, torch.tensor([-2]), page_size=4)
+
+
+# ------------------------------------------------------------------ misuse found by the 2026-12-04 review
+
+
+def test_decode_refuses_tokens_allocated_but_not_appended_in_its_layer():
+    """A forgotten append used to make decode read whatever the page held: here a freed sequence's V."""
+    cache = PagedKVCache(num_pages=2, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32, num_layers=2)
+    cache.allocate(["old"], 4)
+    cache.append(["old"], torch.ones(1, 4, 1, 8), torch.full((1, 4, 1, 8), 7.0), layer=0)
+    cache.free("old")
+    cache.allocate(["new"], 1)
+    cache.append(["new"], torch.zeros(1, 1, 1, 8), torch.zeros(1, 1, 1, 8), layer=1)
+    with pytest.raises(ValueError, match=r"'new' has 1 token\(s\) allocated but not yet appended in layer 0"):
+        cache.decode(torch.randn(1, 1, 1, 8), ["new"], layer=0)
+    out = cache.decode(torch.randn(1, 1, 1, 8), ["new"], layer=1)  # the layer that was written
+    assert torch.equal(out, torch.zeros(1, 1, 1, 8))
+
+
+@pytest.mark.parametrize("ids", [range(2), {"a", "b"}, torch.tensor([0, 1]), (i for i in "ab")])
+def test_seq_ids_other_than_one_id_or_a_list_are_refused(ids):
+    """allocate used to take a range or a tensor as one id, append and decode as several."""
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    with pytest.raises(TypeError, match="seq_ids must be one id .* or a list/tuple of ids, got"):
+        cache.allocate(ids, 1)
+    assert cache.num_free_pages == 8
+
+
+def test_a_string_id_is_one_id_in_every_method():
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    cache.allocate("ab", 1)
+    cache.append("ab", torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8))
+    assert cache.decode(torch.randn(1, 1, 1, 8), "ab").shape == (1, 1, 1, 8)
+    with pytest.raises(ValueError, match=r"q must be \(B=1, S_q, H, D\), one row per sequence, got \(2, 1, 1, 8\)"):
+        cache.decode(torch.randn(2, 1, 1, 8), "ab")  # not sequences 'a' and 'b'
+
+
+def test_layer_and_sizes_take_integers_only():
+    np = pytest.importorskip("numpy")
+    cache = PagedKVCache(num_pages=np.int64(8), page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32,
+                         num_layers=2)  # fmt: skip
+    assert cache.num_pages == 8 and type(cache.num_pages) is int
+    cache.allocate("a", 1)
+    cache.append("a", torch.ones(1, 1, 1, 8), torch.ones(1, 1, 1, 8), layer=np.int64(1))
+    with pytest.raises(ValueError, match=r"layer must be an int in 0..1, got True"):
+        cache.decode(torch.randn(1, 1, 1, 8), "a", layer=True)
+    with pytest.raises(TypeError, match="k_new must be a torch.Tensor, got list"):
+        cache.append("a", [1.0], torch.ones(1, 1, 1, 8), layer=0)

@@ -1,0 +1,113 @@
+"""Edge inputs found by the 2026-12-04 review of the public API, on CPU: each gets a clear error naming what was
+received, or the defined result. Layout (batch, seqlen, heads, head_dim); varlen (total, heads, head_dim)."""
+
+import pytest
+import torch
+
+import hf_flashpatch as hfp
+from hf_flashpatch.reference import attention_reference
+
+
+def _paged(head_dim=16, batch=2):
+    q = torch.randn(batch, 1, 4, head_dim)
+    pages = torch.randn(6, 4, 2, 16)
+    table = torch.tensor([[3, 1, 0], [5, 2, 4]], dtype=torch.int32)[:batch]
+    return q, pages, pages.clone(), table, torch.tensor([9, 12], dtype=torch.int32)[:batch]
+
+
+def test_an_infinite_key_reaches_only_the_rows_that_see_it():
+    """The sdpa path added the causal mask to an inf (NaN) score: every row turned NaN."""
+    q, k, v = (torch.randn(1, 4, 1, 8) for _ in range(3))
+    k[:, -1] = float("inf")
+    out = hfp.flash_attn_func(q, k, v, causal=True)
+    out_lse, _ = hfp.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    ref = attention_reference(q, k, v, causal=True)[0]
+    assert torch.isfinite(out[:, :3]).all()  # rows 0-2 do not see the last key
+    torch.testing.assert_close(out, out_lse, equal_nan=True)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("kwargs", [dict(softcap=30.0), dict(return_lse=True), dict(sinks=torch.zeros(4))])
+def test_outputs_are_contiguous_on_every_path(kwargs):
+    q = k = v = torch.randn(2, 5, 4, 16)
+    res = hfp.flash_attn_func(q, k, v, **kwargs)
+    out = res[0] if isinstance(res, tuple) else res
+    assert out.is_contiguous()
+    assert out.view(2, 5, -1).shape == (2, 5, 64)
+    res = hfp.flash_attn_with_kvcache(q[:, :1], k, v, torch.tensor([5, 3], dtype=torch.int32), **kwargs)
+    assert (res[0] if isinstance(res, tuple) else res).is_contiguous()
+
+
+def test_no_keys_with_lse_keeps_the_autograd_graph():
+    """The tiled path visits no tile when there is no key; its zeros used to leave the graph."""
+    q = torch.randn(1, 3, 2, 8, requires_grad=True)
+    k = v = torch.randn(1, 0, 2, 8)
+    out, lse = hfp.flash_attn_func(q, k, v, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+    q2 = torch.randn(2, 1, 2, 8, requires_grad=True)
+    cache = torch.randn(2, 4, 2, 8)
+    out, _ = hfp.flash_attn_with_kvcache(q2, cache, cache, torch.zeros(2, dtype=torch.int32), return_lse=True)
+    out.sum().backward()
+    assert torch.equal(q2.grad, torch.zeros_like(q2))
+
+
+def test_varlen_padding_rows_keep_minus_inf_lse_with_sinks():
+    q, k = torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
+    sinks = torch.tensor([0.5, -1.0])
+    out, lse = hfp.flash_attn_varlen_func(q, k, k, cu, cu, 2, 2, return_lse=True, sinks=sinks)
+    assert torch.isneginf(lse[:, 4:]).all() and torch.equal(out[4:], torch.zeros_like(out[4:]))
+    _, plain = hfp.flash_attn_varlen_func(q, k, k, cu, cu, 2, 2, return_lse=True)
+    torch.testing.assert_close(lse[:, :4], torch.logaddexp(plain[:, :4], sinks[:, None]))
+
+
+@pytest.mark.parametrize("table", ["cache_seqlens", "page_table", "seqlens_k"])
+def test_index_tables_on_another_device_are_named(table):
+    if table == "cache_seqlens":
+        q, cache = torch.randn(3, 1, 4, 32), torch.randn(3, 8, 2, 32)
+        call = lambda: hfp.flash_attn_with_kvcache(  # noqa: E731
+            q, cache, cache, torch.tensor([1, 0, 2], dtype=torch.int32, device="meta"))
+    else:
+        q, pk, pv, pt, lens = _paged()
+        pt, lens = (pt.to("meta"), lens) if table == "page_table" else (pt, lens.to("meta"))
+        call = lambda: hfp.flash_attn_paged_decode(q, pk, pv, pt, lens)  # noqa: E731
+    with pytest.raises(ValueError, match=f"{table} must be on the cpu, got meta"):
+        call()
+
+
+def test_meta_tensors_are_refused_by_name():
+    q = torch.randn(1, 4, 2, 8, device="meta")
+    with pytest.raises(ValueError, match="q, k, v are on the meta device"):
+        hfp.flash_attn_func(q, q, q, causal=True)
+
+
+def test_paged_decode_errors_name_the_pools():
+    q, pk, pv, pt, lens = _paged(head_dim=32)
+    with pytest.raises(ValueError, match=r"q and k_pages must have the same head_dim .* k_pages \(6, 4, 2, 16\)"):
+        hfp.flash_attn_paged_decode(q, pk, pv, pt, lens)
+    q, pk, pv, pt, lens = _paged()
+    with pytest.raises(TypeError, match="q, k_pages, v_pages must share a dtype, got torch.float32, torch.float64"):
+        hfp.flash_attn_paged_decode(q, pk.double(), pv.double(), pt, lens)
+    with pytest.raises(ValueError, match=r"k_pages/v_pages heads \(dim 2\) must divide q's heads"):
+        hfp.flash_attn_paged_decode(torch.randn(2, 1, 3, 16), pk, pv, pt, lens)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(softmax_scale=1e308), ValueError, "softmax_scale must be finite in fp32"),
+        (dict(window=(2**64, 0)), ValueError, "window left must fit int32"),
+        (dict(causal="no"), TypeError, "causal must be a bool, got str 'no'"),
+    ],
+)
+def test_scalars_out_of_range_are_errors(kwargs, error, match):
+    q, k, v = torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8)
+    with pytest.raises(error, match=match):
+        hfp.flash_attn_func(q, k, v, **kwargs)
+
+
+def test_a_softcap_past_fp32_range_means_no_cap():
+    q, k, v = torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8)
+    torch.testing.assert_close(hfp.flash_attn_func(q, k, v, softcap=1e39), hfp.flash_attn_func(q, k, v))
