@@ -22,7 +22,10 @@ path runs:
 - otherwise: one query token over a cache -> ``flash_attn_with_kvcache`` (the split-KV decode kernel),
   several -> ``flash_attn_func``. Causal masks are bottom-right aligned when ``S_q < S_k``.
 
-``sliding_window=W`` (Mistral, Qwen2) is the window ``(W - 1, 0)``; ``softcap`` (Gemma 2) passes through.
+``sliding_window=W`` (Mistral, Qwen2) is the window ``(W - 1, 0)``, and ``(W - 1, W - 1)`` in a non-causal call
+(ModernBERT, bidirectional Gemma 3); ``softcap`` (Gemma 2) passes through. A non-causal call whose queries are
+fewer or more than its mask's columns is cross-attention (decoder queries over an encoder's keys and mask):
+every query row is computed, and only the keys are unpadded.
 Head counts come from the tensor shapes, never from the config.
 
 Not supported, with a clear error rather than a wrong answer: ``output_attentions=True`` (we never build
@@ -88,11 +91,13 @@ def common_dtype(module, *tensors: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def window_from_sliding(sliding_window) -> tuple[int, int] | None:
-    """transformers' ``sliding_window=W`` lets each query see itself and the ``W - 1`` keys before it."""
+def window_from_sliding(sliding_window, causal: bool = True) -> tuple[int, int] | None:
+    """transformers' ``sliding_window=W`` lets each query see itself and the ``W - 1`` keys before it; without
+    causality, the ``W - 1`` keys on either side (transformers' flash integration; ModernBERT passes
+    ``W = config.sliding_window + 1``, Gemma 3's bidirectional layers ``W`` with a mask of distance ``< W``)."""
     if sliding_window is None or sliding_window <= 0:
         return None
-    return (int(sliding_window) - 1, 0)
+    return (int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1)
 
 
 # Model types whose mask slides every layer while their attention call carries no ``sliding_window``
@@ -203,16 +208,21 @@ def _written_slots(mask: torch.Tensor) -> int:
     return int(torch.where(mask.bool(), columns, 0).amax())
 
 
-def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device, layer_idx=None) -> _UnpadPlan:
+def unpad_plan(key_mask: torch.Tensor, seqlen_q: int, device, layer_idx=None, queries_follow_keys=True) -> _UnpadPlan:
     """The plan for ``key_mask`` ``(B, S_mask)``, computed once per forward rather than once per layer
-    (it costs host syncs; see :func:`once_per_forward`)."""
-    return once_per_forward(key_mask, ("plan", seqlen_q, device), layer_idx, lambda m: _make_plan(m, seqlen_q, device))
+    (it costs host syncs; see :func:`once_per_forward`). ``queries_follow_keys`` (as :func:`unpadded_attention`)."""
+    queries_are_keys = queries_follow_keys or seqlen_q == key_mask.shape[1]
+    return once_per_forward(key_mask, ("plan", seqlen_q, device, queries_are_keys), layer_idx,
+                            lambda m: _make_plan(m, seqlen_q, device, queries_are_keys))  # fmt: skip
 
 
-def _make_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
+def _make_plan(key_mask: torch.Tensor, seqlen_q: int, device, queries_are_keys: bool) -> _UnpadPlan:
     bool_mask = key_mask.to(device=device, dtype=torch.bool)
     lens_k = bool_mask.sum(dim=1, dtype=torch.int32)  # (B,)
-    query_mask = bool_mask[:, -seqlen_q:]  # (B, S_q): left padding puts the queries in the last columns
+    if queries_are_keys:
+        query_mask = bool_mask[:, -seqlen_q:]  # (B, S_q): left padding puts the queries in the last columns
+    else:  # cross-attention: the mask is the keys' (the encoder's); every query row is computed
+        query_mask = torch.ones(bool_mask.shape[0], seqlen_q, dtype=torch.bool, device=device)
     lens_q = query_mask.sum(dim=1, dtype=torch.int32)
     return _UnpadPlan(
         rows_q=tuple(query_mask.nonzero().unbind(1)),
@@ -224,11 +234,13 @@ def _make_plan(key_mask: torch.Tensor, seqlen_q: int, device) -> _UnpadPlan:
     )
 
 
-def unpadded_attention(q, k, v, key_mask: torch.Tensor, layer_idx=None, **attn):
+def unpadded_attention(q, k, v, key_mask: torch.Tensor, layer_idx=None, queries_follow_keys=True, **attn):
     """Key-padding mask ``(B, S_mask)`` (True = real token): unpad into varlen, pad the output back.
 
     Keys beyond ``S_mask`` (the unwritten tail of a StaticCache) are dropped. Queries are the last ``S_q``
     mask columns (left padding, as transformers' flash integration assumes); padded query rows get zeros.
+    ``queries_follow_keys=False`` (non-causal calls): where ``S_q`` differs from ``S_mask`` the queries are not
+    the keys' tokens (cross-attention: decoder queries, an encoder's mask), and every query row is computed.
     """
     batch, seqlen_q = q.shape[0], q.shape[1]
     seqlen_mask = key_mask.shape[1]
@@ -237,7 +249,7 @@ def unpadded_attention(q, k, v, key_mask: torch.Tensor, layer_idx=None, **attn):
             f"attention mask covers {seqlen_mask} keys but the keys have {k.shape[1]} "
             f"(k shape {tuple(k.shape)}, (batch, seqlen, heads, head_dim))"
         )
-    plan = unpad_plan(key_mask, seqlen_q, q.device, layer_idx)
+    plan = unpad_plan(key_mask, seqlen_q, q.device, layer_idx, queries_follow_keys)
     # Gathered straight from the strided views: no contiguous copy of the whole cache first.
     k_packed, v_packed = k[plan.rows_k], v[plan.rows_k]  # (T_k, H_kv, D)
     q_packed = q[plan.rows_q]  # (T_q, H, D)
@@ -276,8 +288,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # (B, S_q, H, D) and (B, S_k, H_kv, D) views; a cast only where needed (every op costs host time per layer)
     q, k, v = (t.transpose(1, 2) if t.dtype == dtype else t.transpose(1, 2).to(dtype) for t in (query, key, value))
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window), softcap=softcap,
-                sinks=unsupported.sink_logits(kwargs))  # fmt: skip
+    attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window, bool(causal)),
+                softcap=softcap, sinks=unsupported.sink_logits(kwargs))  # fmt: skip
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
@@ -290,8 +302,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out.contiguous(), None
     layer = getattr(module, "layer_idx", None)
     if attention_mask is not None:
-        if attention_mask.shape[1] == k.shape[1] and q.shape[1] < k.shape[1]:  # a static buffer: its mask covers
-            # every slot, False past the written ones; keep the written part, as transformers' own mask has it
+        static_buffer = attn["causal"] and attention_mask.shape[1] == k.shape[1] and q.shape[1] < k.shape[1]
+        if static_buffer:  # its mask covers every slot, False past the written ones; keep the written part, as
+            # transformers' own mask has it (a non-causal call with fewer queries is cross-attention: no cache slots)
             written = once_per_forward(attention_mask, "written", layer, _written_slots)
             attention_mask = attention_mask[:, :written]
         if attention_mask.shape[1] < k.shape[1]:  # keys past the mask are not written yet
@@ -305,7 +318,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         once_per_forward(cu_q, ("tables checked", id(cu_k)), layer, lambda _: first_use.append(True))
         out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, check_inputs=bool(first_use), **attn)
     elif attention_mask is not None:
-        out = unpadded_attention(q, k, v, attention_mask, layer, **attn)
+        out = unpadded_attention(q, k, v, attention_mask, layer, queries_follow_keys=attn["causal"], **attn)
     elif position_ids is not None and once_per_forward(
         position_ids, ("packed", batch, seqlen_q, seqlen_k), layer,
         lambda p: is_packed_row(p, batch, seqlen_q, seqlen_k),

@@ -8,6 +8,10 @@ StaticCache without padding. The static buffer hands the attention all ``max_cac
 only ``q_offset + q_length - kv_offset`` are written so far; we return an all-True mask of that length so
 that the unwritten slots are cut off (``None`` would let the queries attend to them).
 
+A bidirectional mask (``create_bidirectional_mask``: encoders, and cross-attention, whose queries are the
+decoder's tokens and whose keys are the encoder's) has no cache behind it, so no slot is unwritten: there a
+query shorter than its keys is not a decode step, and the mask is transformers' own.
+
 Without this registration transformers would pass ``None`` even for padded batches, and padding tokens
 would silently be attended to. Packed sequences (``DataCollatorWithFlattening``) reach the attention
 function as ``cu_seq_lens_*`` or ``position_ids``; their mask stays ``None``.
@@ -42,35 +46,41 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
 
         return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                          kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)  # fmt: skip
+    # transformers' bidirectional masks (encoders, cross-attention) pass this flag; its causal masks do not.
+    bidirectional = "allow_is_bidirectional_skip" in kwargs
     if torch.compiler.is_compiling() or not isinstance(q_offset, int):
         return traced_key_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
-                               kwargs.get("device"))  # fmt: skip
+                               kwargs.get("device"), bidirectional)  # fmt: skip
     from transformers.masking_utils import flash_attention_mask
 
     mask = flash_attention_mask(
         batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
         attention_mask=attention_mask, **kwargs,
     )  # fmt: skip
-    if mask is None:
+    if mask is None and not bidirectional:
         written = int(q_offset) + q_length - int(kv_offset)  # keys this layer holds after the update
         if 0 < written < kv_length:
             mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
     return mask
 
 
-def traced_key_mask(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset, attention_mask, device):
+def traced_key_mask(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset, attention_mask, device,
+                    bidirectional: bool = False):  # fmt: skip
     """The compile-time form: decided by shapes alone, ``None`` or a ``(batch_size, kv_length)`` bool mask.
 
     ``None`` when there is neither a padding mask nor a static buffer with unwritten slots (both known
-    from shapes); otherwise one column per key slot the attention receives, False for padding and for
-    slots not written yet, so its shape stays the same at every decoding step of a static cache (no
-    recompilation) and :mod:`.traced` reads each row's key range from it on the device.
+    from shapes; a ``bidirectional`` mask has no cache, so no unwritten slot); otherwise one column per key
+    slot the attention receives, False for padding and for slots not written yet, so its shape stays the same
+    at every decoding step of a static cache (no recompilation) and :mod:`.traced` reads each row's key range
+    from it on the device.
     """
-    static_tail = not isinstance(q_offset, int) or int(q_offset) + q_length - int(kv_offset) < kv_length
+    static_tail = not bidirectional and (
+        not isinstance(q_offset, int) or int(q_offset) + q_length - int(kv_offset) < kv_length
+    )
     if attention_mask is None and not static_tail:
         return None
     slots = torch.arange(kv_length, device=device)  # (kv_length,)
-    written = slots < (q_offset + q_length - kv_offset)  # (kv_length,): a static buffer's filled slots
+    written = slots < (q_offset + q_length - kv_offset) if static_tail else slots >= 0  # (kv_length,): filled slots
     if attention_mask is None:
         return written.expand(batch_size, kv_length)
     # The last kv_length columns of a longer mask (sliding layers), or the whole of a shorter one padded

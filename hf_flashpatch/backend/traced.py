@@ -47,7 +47,8 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
 
     q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, ``key_mask`` ``(B, S_k)`` bool
     -> ``(B, S_q, H, D_v)``. As in the eager path
-    (unpad, run varlen, pad back): the queries are the last ``S_q`` mask columns, each row's real tokens
+    (unpad, run varlen, pad back): the queries are the last ``S_q`` mask columns (a non-causal call with
+    ``S_q != S_k``, cross-attention: every query row is real), each row's real tokens
     are numbered in order, causal and window compare those numbers (bottom-right aligned per row), padded
     query rows give 0. ``segments`` ``(B, S_k)`` (S_q == S_k): packed sequences, keys visible only within
     the query's segment, numbered from each segment's start. ``sinks`` ``(H,)``: one more logit per query
@@ -55,11 +56,14 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
     """
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    # The queries are the last S_q columns before the row's last real key (a static cache's unwritten
-    # tail lies beyond it; left padding puts the queries in the last columns).
-    _, ends = _key_range(key_mask)
-    query_cols = (ends.long() - seqlen_q).clamp_min(0)[:, None] + torch.arange(seqlen_q, device=q.device)  # (B, S_q)
-    query_mask = key_mask.gather(1, query_cols.clamp_max(seqlen_k - 1)) & (query_cols < seqlen_k)  # (B, S_q)
+    if causal or seqlen_q == seqlen_k:
+        # The queries are the last S_q columns before the row's last real key (a static cache's unwritten
+        # tail lies beyond it; left padding puts the queries in the last columns).
+        _, ends = _key_range(key_mask)
+        query_cols = (ends.long() - seqlen_q).clamp_min(0)[:, None] + torch.arange(seqlen_q, device=q.device)  # (B, S_q)
+        query_mask = key_mask.gather(1, query_cols.clamp_max(seqlen_k - 1)) & (query_cols < seqlen_k)  # (B, S_q)
+    else:  # cross-attention (decoder queries, the encoder's key mask): every query row is computed
+        query_mask = torch.ones(batch, seqlen_q, dtype=torch.bool, device=q.device)
     k_rank, n_k = _row_ranks(key_mask)
     q_rank, n_q = _row_ranks(query_mask)
     if segments is not None:  # number tokens from the start of their segment

@@ -273,8 +273,8 @@ def dense_mask(query, key, attention_mask, causal: bool, sliding_window, kwargs:
                     f"attention mask covers {key_real.shape[1]} keys but the keys have {seqlen_k} "
                     f"(mask shape {tuple(key_real.shape)}, key shape {tuple(key.shape)})"
                 )
-            if key_real.shape[1] == seqlen_k and seqlen_q < seqlen_k:  # a static buffer: False past the written
-                end = torch.where(key_real, k_index + 1, 0).amax()  # slots, so the queries end at the last True
+            if causal and key_real.shape[1] == seqlen_k and seqlen_q < seqlen_k:  # a static buffer: False past
+                end = torch.where(key_real, k_index + 1, 0).amax()  # the written slots: queries end at the last True
             else:
                 end = key_real.shape[1]  # keys past the mask are not written yet
                 key_real = torch.nn.functional.pad(key_real, (0, seqlen_k - key_real.shape[1]), value=False)
@@ -288,8 +288,8 @@ def dense_mask(query, key, attention_mask, causal: bool, sliding_window, kwargs:
         visible = visible & (behind >= 0)
         if sliding_window:
             visible = visible & (behind < sliding_window)
-    elif sliding_window:  # transformers' bidirectional window: within the window on either side, inclusive
-        visible = visible & (behind.abs() <= sliding_window)
+    elif sliding_window:  # a bidirectional window: the W - 1 keys on either side (attention.window_from_sliding)
+        visible = visible & (behind.abs() < sliding_window)
     visible = visible[None, None].expand(batch, 1, seqlen_q, seqlen_k)  # (B, 1, S_q, S_k)
     if key_real is not None:
         visible = visible & key_real[:, None, None, :]
