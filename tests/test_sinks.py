@@ -85,7 +85,8 @@ def test_backend_paths_with_sinks_eager_and_compiled():
     """The transformers backend with ``s_aux``: eager (padded batch through varlen, decode over a cache) and
     the compiled forms (the batched op; the exact masked path) against the oracle per row."""
     from hf_flashpatch.backend import attention_forward
-    from hf_flashpatch.backend.traced import masked_attention, traced_attention
+    from hf_flashpatch.backend.masked_op import masked_attention
+    from hf_flashpatch.backend.traced import traced_attention
 
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(2, 4, 6, 8, generator=gen)  # (B, H, S, D), as transformers passes them

@@ -163,8 +163,8 @@ def test_training_step_matches_sdpa(device, request):
 
 
 def test_compiled_training_step_matches_sdpa():
-    """torch.compile(fullgraph=True): the padded op in the graph (a padding mask: torch.cond with the exact
-    dense path), loss and gradients as sdpa's. Dense MLPs only: transformers 5.17's mixture-of-experts backward
+    """torch.compile(fullgraph=True): the padded op in the graph (a padding mask: the masked op, its exact
+    dense path here), loss and gradients as sdpa's. Dense MLPs only: transformers 5.17's mixture-of-experts backward
     does not trace (a data-dependent guard in its grouped matmul), whatever the attention."""
     torch._dynamo.reset()
     ours, ref = twin_deepseek(dense_layers=2)
@@ -193,7 +193,7 @@ def _per_row_reference(q, k, v, firsts, **attn):
 @pytest.mark.parametrize("branch", ["no mask", "mask", "decode", "masked decode", "packed", "position_ids"])
 def test_traced_attention_serves_a_value_head_dim_of_its_own(branch):
     """Each route of the compiled path (fullgraph) against the oracle: the batched and varlen ops (which take the
-    pair), the torch.cond branches, and the few-query steps on the decode op (its torch path here; on a GPU the
+    pair), the masked op's two paths, and the few-query steps on the decode op (its torch path here; on a GPU the
     decode kernel serves 192/128)."""
     gen = torch.Generator().manual_seed(4)
     seqlen_q = 2 if "decode" in branch else 8
