@@ -87,8 +87,10 @@ def test_compiled_cross_attention_with_a_padded_encoder():
     """The traced path (torch.compile) takes the same rule: every decoder query row, the encoder's keys."""
     ref, ours = _twins("bart", AutoModelForSeq2SeqLM)
     generator = torch.Generator().manual_seed(2)
-    ids, decoder_ids = torch.randint(4, 100, (3, 10), generator=generator), torch.randint(4, 100, (3, 5), generator=generator)
-    inputs = dict(input_ids=ids, decoder_input_ids=decoder_ids, attention_mask=_masks()["right padding"], use_cache=False)
+    ids = torch.randint(4, 100, (3, 10), generator=generator)
+    decoder_ids = torch.randint(4, 100, (3, 5), generator=generator)
+    mask = _masks()["right padding"]
+    inputs = dict(input_ids=ids, decoder_input_ids=decoder_ids, attention_mask=mask, use_cache=False)
     torch._dynamo.reset()
     compiled = torch.compile(ours, backend="aot_eager")
     with torch.no_grad():

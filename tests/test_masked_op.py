@@ -1,5 +1,5 @@
-"""The compiled path's masked op (``hf_flashpatch/backend/masked_op.py``) on CPU: its dense path's hand-written
-backward against autograd through its forward (both compute in fp32), and its run-time choice between the plain op and the dense path. Layout
+"""The compiled path's masked op (``hf_flashpatch/backend/masked_op.py``) on CPU: its dense path's
+hand-written backward against autograd through its forward (both compute in fp32), and its run-time choice between the plain op and the dense path. Layout
 q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, key mask ``(B, S_k)``."""
 
 import pytest

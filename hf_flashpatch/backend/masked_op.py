@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from ..kernels import fold_window
+from ..kernels import define_op, fold_window
 from ..reference.masks import normalize_window
 from ..sinks import add_sinks
 
@@ -214,18 +214,6 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-def _define_ops():
-    """Define both ops once per process (a re-imported module reuses them)."""
-    try:
-        return torch.ops.hf_flashpatch.masked_attention
-    except (AttributeError, RuntimeError):
-        pass
-    backward = torch.library.custom_op("hf_flashpatch::masked_attention_backward", mutates_args=())(_backward_impl)
-    backward.register_fake(_backward_fake)
-    forward = torch.library.custom_op("hf_flashpatch::masked_attention", mutates_args=())(_forward_impl)
-    forward.register_fake(_forward_fake)
-    forward.register_autograd(_backward, setup_context=_setup_context)
-    return torch.ops.hf_flashpatch.masked_attention
-
-
-masked_attention_op = _define_ops()
+define_op("masked_attention_backward", _backward_impl, _backward_fake)
+masked_attention_op = define_op("masked_attention", _forward_impl, _forward_fake)
+torch.library.register_autograd("hf_flashpatch::masked_attention", _backward, setup_context=_setup_context)

@@ -88,6 +88,18 @@ def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
     return ScoreScales(scale * LOG2E, 0.0, 0.0)
 
 
+def define_op(name: str, impl, fake):
+    """``torch.ops.hf_flashpatch.<name>``: the custom op with body ``impl`` and fake implementation ``fake``,
+    defined once per process (a re-imported module reuses the op it defined before)."""
+    try:
+        return getattr(torch.ops.hf_flashpatch, name)
+    except (AttributeError, RuntimeError):
+        pass
+    op = torch.library.custom_op(f"hf_flashpatch::{name}", mutates_args=())(impl)
+    op.register_fake(fake)
+    return getattr(torch.ops.hf_flashpatch, name)
+
+
 def call_op(op, impl, *args):
     """``op(*args)``, or ``impl(*args)`` in plain eager inference: the function behind the custom op ``op``,
     or the part of it that remains for inputs the caller has already checked.

@@ -42,8 +42,8 @@ from typing import Optional
 import torch
 
 from ..errors import KernelUnsupported
-from . import (LOG2E, aligned, fold_scores, fold_window, kernels_unavailable_reason, tma,  # noqa: F401 - LOG2E re-exported
-               warn_fallback_once)
+from . import (LOG2E, aligned, define_op, fold_scores, fold_window,  # noqa: F401 - LOG2E re-exported
+               kernels_unavailable_reason, tma, warn_fallback_once)
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
@@ -307,18 +307,7 @@ def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, ma
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _define_op():
-    """Define ``hf_flashpatch::attention_backward`` once per process (a re-imported module reuses it)."""
-    try:
-        return torch.ops.hf_flashpatch.attention_backward
-    except (AttributeError, RuntimeError):
-        pass
-    op = torch.library.custom_op("hf_flashpatch::attention_backward", mutates_args=())(_backward_impl)
-    op.register_fake(_backward_fake)
-    return torch.ops.hf_flashpatch.attention_backward
-
-
-_backward_op = _define_op()
+_backward_op = define_op("attention_backward", _backward_impl, _backward_fake)
 
 
 def attention_backward(
