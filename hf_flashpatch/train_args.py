@@ -145,6 +145,19 @@ MINIMUM = {"seq_len": 2, "batch_size": 1, "grad_accum": 1, "epochs": 1, "eval_ba
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
+def _scheduler_names() -> tuple[str, ...]:
+    from transformers import SchedulerType
+
+    return tuple(kind.value for kind in SchedulerType)
+
+
+def _attention_names() -> tuple[str, ...]:
+    """The plugin's backend and transformers' own ("sdpa", "eager", ...), as ``from_pretrained`` takes them."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return tuple(dict.fromkeys((ATTN_NAME, "eager", *ALL_ATTENTION_FUNCTIONS.valid_keys())))
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -197,6 +210,20 @@ def check_args(args: TrainArgs) -> None:
         if value not in allowed:
             named = ", ".join(str(choice) for choice in allowed if choice is not None)
             raise TrainingInputError(f"{_flag(name)} must be one of {named}, got {value!r}")
+    for name, value, rule in (("lr", args.lr, args.lr > 0), ("weight_decay", args.weight_decay, args.weight_decay >= 0),
+                              ("max_grad_norm", args.max_grad_norm, args.max_grad_norm >= 0)):  # fmt: skip
+        if not rule:  # a negative clipping norm flips every gradient's sign: the run would climb the loss
+            bound = "> 0" if name == "lr" else ">= 0 (0: no clipping)" if name == "max_grad_norm" else ">= 0"
+            raise TrainingInputError(f"{_flag(name)} must be {bound}, got {value}")
+    schedulers = _scheduler_names()
+    if args.lr_scheduler not in schedulers:
+        raise TrainingInputError(f"--lr-scheduler must be one of {', '.join(schedulers)}, got {args.lr_scheduler!r}")
+    backends = _attention_names()
+    if args.attn_implementation not in backends:
+        raise TrainingInputError(f"--attn-implementation must be one of {', '.join(backends)}, got "
+                                 f"{args.attn_implementation!r}")  # fmt: skip
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise TrainingInputError(f"--output-dir {args.output_dir!r} is a file; give a folder (it is created if missing)")
     if args.token_fraction is not None:
         if not 0 < args.token_fraction <= 1:
             raise TrainingInputError(f"--token-fraction must be in (0, 1], got {args.token_fraction}")

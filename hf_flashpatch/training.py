@@ -119,16 +119,26 @@ class _State:
     settings: dict = field(default_factory=dict)  # what a step means; a resume must not change it
 
 
+# The scripts' exit status when SIGINT/SIGTERM stopped the run after its checkpoint (128 + SIGINT, as the
+# converter's): a job runner must not take the run for finished.
+INTERRUPTED = 130
+
 # Labels for the run settings a resume must keep: they fix which batches a saved step consumed.
 SETTING_LABELS = {"seq_len": "--seq-len", "batch_size": "--batch-size", "grad_accum": "--grad-accum",
-                  "packing": "--packing", "seed": "--seed", "num_processes": "the number of processes"}
-# ... and the objective: the saved weights and optimizer state were trained towards it.
+                  "packing": "--packing", "seed": "--seed", "num_processes": "the number of processes",
+                  "data": "--data", "source": "--source", "max_train_docs": "--max-train-docs"}
+# ... and the objective and what is trained: the saved weights and optimizer state were trained towards it, in the
+# saved shapes (--kv-heads) and parameter groups (--trainable); the optimizer state also carries the learning rate and
+# weight decay, which would override new ones without a word.
 OBJECTIVE_LABELS = {"teacher": "--teacher", "control": "--control", "ce_weight": "--ce-weight",
-                    "distill_temperature": "--distill-temperature"}
+                    "distill_temperature": "--distill-temperature", "kv_heads": "--kv-heads",
+                    "trainable": "--trainable", "lr": "--lr", "weight_decay": "--weight-decay"}
 
 
 def _run_settings(args: TrainArgs, num_processes: int) -> dict:
     settings = {name: num_processes if name == "num_processes" else getattr(args, name) for name in SETTING_LABELS}
+    if args.data is not None and Path(args.data).exists():
+        settings["data"] = str(Path(args.data).resolve())  # one file however the path is spelled
     return settings | {name: getattr(args, name) for name in OBJECTIVE_LABELS} | {
         "teacher": distillation.teacher_id(args.teacher)}
 
@@ -177,8 +187,11 @@ def _load_model(args: TrainArgs, attn_implementation: str):
     if args.kv_heads is not None and not args.control:
         from .convert import convert_to_gqa
 
-        model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
-                                       return_report=True, tokenizer=tokenizer)
+        try:
+            model, report = convert_to_gqa(model, args.kv_heads, method=args.convert_method, seed=args.seed,
+                                           return_report=True, tokenizer=tokenizer)
+        except ValueError as error:  # --kv-heads that does not divide the model's KV heads
+            raise TrainingInputError(f"--kv-heads {args.kv_heads}: {error}") from None
         print(report.summary())
     if args.trainable not in TRAINABLE:
         raise ValueError(f"trainable must be one of {tuple(TRAINABLE)}, got {args.trainable!r}")

@@ -18,7 +18,7 @@ import sys
 
 from accelerate import PartialState
 
-from hf_flashpatch.training import TrainArgs, TrainingInputError, add_train_arguments, train
+from hf_flashpatch.training import INTERRUPTED, TrainArgs, TrainingInputError, add_train_arguments, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,14 +33,15 @@ def main(argv: list[str] | None = None) -> int:
         report = train(args)
     except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    status = INTERRUPTED if report["interrupted"] else 0  # a stopped run is not a finished one (no final/)
     if not PartialState().is_main_process:
-        return 0
+        return status
     summary = {k: v for k, v in report.items() if k != "losses"}
     print(json.dumps(summary, indent=1))
     gib = report["peak_memory_bytes"] / 2**30
     print(f"throughput {report['tokens_per_s']:.1f} tokens/s, peak memory {gib:.2f} GiB, "
           f"{report['tokens']:,} tokens in {report['train_seconds']:.1f} s")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

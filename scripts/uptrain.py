@@ -15,10 +15,12 @@
     python scripts/uptrain.py --model ./smollm2-mqa --teacher smollm2 --output-dir runs/control --control ...
 
 Rerunning the same command after an interrupt (Ctrl-C, SIGTERM, a crash or kill, even mid-save) resumes
-from the last complete checkpoint in OUTPUT with nothing lost; ``--no-resume`` starts over. A resume
-with another ``--seq-len``, ``--batch-size``, ``--grad-accum`` or ``--seed`` is refused, and so is one with
-another ``--teacher`` (the teacher is not saved in the checkpoint, only named, and reloaded), ``--control``,
-``--ce-weight`` or ``--distill-temperature``. The attention backend defaults to the plugin's
+from the last complete checkpoint in OUTPUT with nothing lost; ``--no-resume`` starts over. An interrupted
+run exits with status 130 after its checkpoint (a finished one with 0). A resume with another ``--seq-len``,
+``--batch-size``, ``--grad-accum``, ``--seed``, ``--data``, ``--source`` or ``--max-train-docs`` is refused, and
+so is one with another ``--teacher`` (the teacher is not saved in the checkpoint, only named, and reloaded),
+``--control``, ``--ce-weight``, ``--distill-temperature``, ``--kv-heads``, ``--trainable``, ``--lr`` or
+``--weight-decay`` (the optimizer state would override the last two silently). The attention backend defaults to the plugin's
 (``hf_flashpatch.ATTN_NAME``: CUDA kernels on GPU, torch fallback on CPU). Held-out perplexity
 measurements go to ``OUTPUT/eval_log.json`` as they are made (the recovery curve), the whole report to
 ``OUTPUT/report.json``.
@@ -33,7 +35,7 @@ import sys
 from accelerate import PartialState
 
 from hf_flashpatch.cli import ArgumentParser
-from hf_flashpatch.training import TrainArgs, TrainingInputError, add_train_arguments, train
+from hf_flashpatch.training import INTERRUPTED, TrainArgs, TrainingInputError, add_train_arguments, train
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
         report = train(args)
     except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    status = INTERRUPTED if report["interrupted"] else 0  # a stopped run is not a finished one (no final/)
     if not PartialState().is_main_process:
-        return 0
+        return status
     summary = {k: v for k, v in report.items() if k not in ("losses", "loss_parts")}
     print(json.dumps(summary, indent=1))
-    return 0
+    return status
 
 
 if __name__ == "__main__":

@@ -152,6 +152,26 @@ def test_missing_source_or_a_file_as_destination_is_one_line(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "src"]
 
 
+def test_a_corrupt_source_is_named_as_the_source(converted, tmp_path, capsys):
+    """A truncated weights file used to be reported as a write error of the destination."""
+    src, dst, before = converted
+    weights = src / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert main([str(src), str(dst), "--kv-heads", "2", "--overwrite"]) == 2
+    assert f"source {src}: could not load" in one_error_line(capsys.readouterr().err)
+    assert snapshot(dst) == before
+
+
+def test_a_destination_nested_with_its_source_is_refused(converted, capsys):
+    """Inside the source it would write into the checkpoint it reads; holding it, --overwrite would delete it."""
+    src, dst, _ = converted
+    source_files = snapshot(src)
+    for target, message in ((src / "sub", "is inside the source"), (src.parent, "holds the source")):
+        assert main([str(src), str(target), "--kv-heads", "2", "--overwrite"]) == 2
+        assert message in one_error_line(capsys.readouterr().err)
+    assert snapshot(src) == source_files and not (src / "sub").exists()
+
+
 def _run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO, capture_output=True, text=True,
                           timeout=120, **kwargs)  # fmt: skip

@@ -233,6 +233,9 @@ def test_resume_refuses_an_unverified_checkpoint(tiny_checkpoint, text_cache, tm
 @pytest.mark.parametrize("changed, message", [
     ({"seq_len": 16}, "--seq-len was 32, now 16"),
     ({"batch_size": 2}, "--batch-size was 1, now 2"),
+    ({"max_train_docs": 2}, "--max-train-docs was 1, now 2"),  # other batches
+    ({"lr": 1e-3}, "--lr was 0.003, now 0.001"),  # the optimizer state would keep the old one without a word
+    ({"trainable": "attention"}, "--trainable was all, now attention"),
 ])
 def test_resume_with_other_shape_is_refused(tiny_checkpoint, text_cache, tmp_path, changed, message):
     output = tmp_path / "run"
@@ -271,7 +274,8 @@ def test_script_refuses_resume_with_another_seq_len(tiny_checkpoint, text_cache,
 
 
 @pytest.mark.parametrize("case", ["grad-accum-0", "empty-data", "non-utf8-data", "blank-data", "one-document",
-                                  "missing-model", "model-without-config", "model-omitted"])
+                                  "missing-model", "model-without-config", "model-omitted", "negative-clip-norm",
+                                  "lr-0", "bad-scheduler", "bad-backend", "output-is-a-file", "kv-heads-3"])
 def test_script_input_errors_are_one_line_exit_2(tiny_checkpoint, tmp_path, capsys, case):
     data = tmp_path / "data.txt"
     data.write_text("first document\n\nsecond document\n")
@@ -285,7 +289,20 @@ def test_script_input_errors_are_one_line_exit_2(tiny_checkpoint, tmp_path, caps
         "missing-model": f"--model '{tmp_path / 'nowhere'}' does not exist",
         "model-without-config": f"--model '{tmp_path}' is not a model checkpoint: it has no config.json",
         "model-omitted": "the following arguments are required: --model",
+        # a negative norm flipped every gradient: the run climbed the loss and exited 0
+        "negative-clip-norm": "--max-grad-norm must be >= 0 (0: no clipping), got -1.0",
+        "lr-0": "--lr must be > 0, got 0.0",
+        "bad-scheduler": "--lr-scheduler must be one of linear, cosine",
+        "bad-backend": "--attn-implementation must be one of hfpatch, eager",
+        "output-is-a-file": "is a file; give a folder",
+        "kv-heads-3": "--kv-heads 3: ",  # after the model loads: 3 does not divide its KV heads
     }[case]
+    flags = {"negative-clip-norm": ["--max-grad-norm", "-1"], "lr-0": ["--lr", "0"],
+             "bad-scheduler": ["--lr-scheduler", "bogus"], "bad-backend": ["--attn-implementation", "bogus"],
+             "kv-heads-3": ["--kv-heads", "3", "--convert-method", "mean", "--seq-len", "4", "--batch-size", "1"]}
+    argv += flags.get(case, [])
+    if case == "output-is-a-file":
+        (tmp_path / "run").write_text("not a folder")
     if case == "grad-accum-0":
         argv += ["--grad-accum", "0", "--seq-len", "4", "--batch-size", "1"]  # enough rows for the old crash
     elif case == "empty-data":
@@ -308,3 +325,29 @@ def test_script_input_errors_are_one_line_exit_2(tiny_checkpoint, tmp_path, caps
         assert exit_info.value.code == 2 and expected in capsys.readouterr().err
         return
     assert expected in run_uptrain(argv, capsys)
+
+
+@pytest.mark.parametrize("script", ["uptrain.py", "finetune_long.py"])
+def test_an_interrupted_run_exits_130_not_0(tiny_checkpoint, text_cache, tmp_path, monkeypatch, script):
+    """A job runner (``uptrain.py ... && use final/``) must not take a stopped run for a finished one."""
+    import hf_flashpatch.training
+
+    real = hf_flashpatch.training.train
+
+    def interrupted_at_step_1(args, **kwargs):
+        def stop(step, loss):
+            if step == 1:
+                os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C does; the loop stops at the step boundary
+
+        return real(args, on_step_end=stop)
+
+    monkeypatch.setattr(hf_flashpatch.training, "train", interrupted_at_step_1)
+    main = runpy.run_path(str(ROOT / "scripts" / script))["main"]
+    argv = ["--model", str(tiny_checkpoint), "--output-dir", str(tmp_path / "run"), "--source", "pydoc",
+            "--text-cache", text_cache, "--max-train-docs", "1", "--seq-len", "32", "--batch-size", "1",
+            "--max-steps", "3", "--eval-sequences", "1", "--eval-batch-size", "1"]
+    assert main(argv) == 130
+    assert (tmp_path / "run" / "checkpoint").is_dir() and not (tmp_path / "run" / "final").exists()
+    monkeypatch.setattr(hf_flashpatch.training, "train", real)
+    assert runpy.run_path(str(ROOT / "scripts" / script))["main"](argv) == 0  # the rerun resumes and finishes
+    assert (tmp_path / "run" / "final").is_dir()
