@@ -97,6 +97,16 @@ def _finish(res, fall_back, return_lse: bool, sinks, padding_from=None):
     return (out, res[1]) if return_lse else out
 
 
+def _shapes_only(q, head_dim_v: int, return_lse: bool):
+    """The result on the meta device (no values, as torch's own ops give there): out ``(..., H, D_v)`` and lse
+    ``(B, H, S_q)``, or ``(H, T_q)`` for packed q ``(T_q, H, D)``."""
+    out = q.new_empty((*q.shape[:-1], head_dim_v))
+    if not return_lse:
+        return out
+    lse_shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
 def _window_args(window, causal):
     left, right = normalize_window(window, causal)
     return dict(causal=causal, window_left=left, window_right=right)
@@ -116,6 +126,8 @@ def flash_attn_func(
     check_qkv(q, k, v, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     sinks = check_sinks(sinks, q)
+    if q.device.type == "meta":
+        return _shapes_only(q, v.shape[-1], return_lse)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -175,6 +187,8 @@ def flash_attn_varlen_func(
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
     sinks = check_sinks(sinks, q)
+    if q.device.type == "meta":
+        return _shapes_only(q, v.shape[-1], return_lse)
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)
 
     def run():
@@ -211,6 +225,8 @@ def flash_attn_with_kvcache(
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
     sinks = check_sinks(sinks, q)
+    if q.device.type == "meta":
+        return _shapes_only(q, v_cache.shape[-1], return_lse)
     if q.shape[0] == 0:
         return fallback.empty_batch(q, return_lse, v_cache.shape[-1])
     if cache_seqlens is not None:
@@ -246,6 +262,8 @@ def flash_attn_paged_decode(
     check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     sinks = check_sinks(sinks, q)
+    if q.device.type == "meta":
+        return _shapes_only(q, v_pages.shape[-1], return_lse)
     if q.shape[0] == 0:
         return fallback.empty_batch(q, return_lse, v_pages.shape[-1])
     common = dict(softmax_scale=softmax_scale, softcap=softcap or None)

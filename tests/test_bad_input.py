@@ -194,8 +194,9 @@ def test_content_check_policy(monkeypatch):
     """CPU tables always; CUDA tables in eager mode unless check_inputs=False; never while compiling or
     capturing a CUDA graph (the values are unknown there, and a host read would break the capture)."""
 
-    class CudaTable:  # stands in for a CUDA tensor: the policy reads only .is_cuda
+    class CudaTable:  # stands in for a CUDA tensor: the policy reads only .is_cuda and .device
         is_cuda = True
+        device = torch.device("cuda", 0)
 
     cpu, cuda = torch.zeros(2), CudaTable()
     capturing, compiling = [False], [False]
@@ -207,6 +208,8 @@ def test_content_check_policy(monkeypatch):
     assert not validate.content_checks_enabled(True, cuda)
     capturing[0], compiling[0] = False, True
     assert not validate.content_checks_enabled(True, cuda) and not validate.content_checks_enabled(True, cpu)
+    compiling[0] = False
+    assert not validate.content_checks_enabled(True, torch.zeros(2, device="meta"))  # no values to read
 
 
 def test_one_host_read_per_call(monkeypatch):

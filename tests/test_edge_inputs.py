@@ -77,10 +77,15 @@ def test_index_tables_on_another_device_are_named(table):
         call()
 
 
-def test_meta_tensors_are_refused_by_name():
-    q = torch.randn(1, 4, 2, 8, device="meta")
-    with pytest.raises(ValueError, match="q, k, v are on the meta device"):
-        hfp.flash_attn_func(q, q, q, causal=True)
+def test_meta_tensors_give_shapes_only_as_torch_does():
+    """Shape inference (a model moved to the meta device) used to crash reading a mask's values."""
+    q, k, v = torch.empty(2, 4, 4, 8, device="meta"), torch.empty(2, 6, 2, 8, device="meta"), torch.empty(2, 6, 2, 5, device="meta")
+    out, lse = hfp.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert out.device.type == "meta" and out.shape == (2, 4, 4, 5) and lse.shape == (2, 4, 4)
+    cu = torch.tensor([0, 3, 4], dtype=torch.int32, device="meta")
+    out, lse = hfp.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 3, 3, causal=True, return_lse=True)
+    assert out.shape == (4, 4, 5) and lse.shape == (4, 4)
+    assert hfp.flash_attn_with_kvcache(q[:, :1], k, v).shape == (2, 1, 4, 5)
 
 
 def test_paged_decode_errors_name_the_pools():

@@ -81,7 +81,8 @@ def common_dtype(module, *tensors: torch.Tensor) -> torch.dtype:
     """The dtype q, k, v are computed in (see the module docstring)."""
     dtypes = {t.dtype for t in tensors}
     device_type = tensors[0].device.type
-    if torch.is_autocast_enabled(device_type) and torch.float32 in dtypes:
+    autocast = device_type in ("cpu", "cuda", "xpu", "mps", "hpu") and torch.is_autocast_enabled(device_type)
+    if autocast and torch.float32 in dtypes:  # (autocast knows no other device, the meta device included)
         return torch.get_autocast_dtype(device_type)
     if len(dtypes) == 1:
         return tensors[0].dtype
