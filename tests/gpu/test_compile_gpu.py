@@ -86,6 +86,33 @@ def test_compiled_training_step_meets_the_oracle_bound(masked):
         assert (g - r).abs().max() / scale <= 2 * (h - r).abs().max() / scale + 2e-2
 
 
+@pytest.mark.parametrize("inputs", ["padding", "all real", "position_ids"])
+def test_compiled_inference_with_the_default_cache_meets_the_oracle_bound(inputs):
+    """The ordinary compiled inference call (inductor, ``use_cache`` left on) through the masked op: its kernel
+    path (every key real; one packed sequence) and its dense path (padding; several packed sequences), the logits
+    at real tokens within twice eager bf16 sdpa's error of the fp32 model, plus a small floor."""
+    model = tiny_llama("hfpatch")
+    if inputs == "position_ids":
+        ids, _ = _left_padded([96])
+        kwargs = dict(position_ids=torch.cat([torch.arange(40), torch.arange(56)])[None].cuda())
+        real = torch.ones_like(ids, dtype=torch.bool)
+    else:
+        ids, mask = _left_padded([113, 113] if inputs == "all real" else [113, 64])
+        kwargs, real = dict(attention_mask=mask), mask.bool()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.compile(model, fullgraph=True)(input_ids=ids, **kwargs).logits.float()
+    assert not [w for w in caught if FALLBACK_MARK in str(w.message)]
+    if inputs != "position_ids":  # the torch peer; with a cache its mask does not read packing off position_ids,
+        model.set_attn_implementation("sdpa")  # so packed rows keep our eager path as the bf16 peer
+    with torch.no_grad():
+        eager = model(input_ids=ids, **kwargs).logits.float()
+        model.float()
+        ref = model(input_ids=ids, **kwargs).logits
+    err, half = (got - ref)[real].abs().max(), (eager - ref)[real].abs().max()
+    assert err <= 2 * half + 1e-2, (err, half)
+
+
 KEY_RANGE_CASES = [
     # batch, cache len, S_q, heads, kv heads, head dim, window_left, softcap
     (4, 113, 1, 32, 8, 128, -1, 0.0),  # gqa
