@@ -22,8 +22,8 @@ layers; ``append`` writes exactly the tokens allocated since the layer's last ap
 :func:`hf_flashpatch.kv_append` (the CUDA kernel where it serves, torch elsewhere); ``decode`` calls
 :func:`hf_flashpatch.flash_attn_paged_decode` (the cache built the tables, so their contents are not
 re-checked) and refuses a sequence with tokens allocated but not yet appended in that layer (it would read
-whatever the page held before). ``seq_ids`` is one hashable id or a list/tuple of them, the same for every
-method. When the pool is short, ``allocate`` raises
+whatever the page held before). ``seq_ids`` is a list of hashable ids, or one id (a tuple such as
+``(request, beam)`` is one id), the same for every method. When the pool is short, ``allocate`` raises
 :class:`~hf_flashpatch.errors.PagePoolExhausted` before touching anything.
 """
 
@@ -39,15 +39,16 @@ from .validate import SUPPORTED_DTYPES, check_head_dim, check_page_table_content
 
 
 def _as_ids(seq_ids) -> list[Hashable]:
-    """One sequence id, or a list/tuple of them, as a list. Other iterables (a range, a set, a tensor, a
-    generator) are refused rather than read as one id by one method and as several by another."""
-    if isinstance(seq_ids, (list, tuple)):
-        return list(seq_ids)
-    if isinstance(seq_ids, (str, bytes)) or not isinstance(seq_ids, Iterable):
+    """A list of sequence ids as it is; anything else hashable (a str, an int, a tuple such as ``(request, beam)``)
+    as one id. Other iterables (a range, a set, a tensor, a generator) are refused rather than read as one id by
+    one method and as several by another."""
+    if isinstance(seq_ids, list):
+        return seq_ids
+    if isinstance(seq_ids, (str, bytes, tuple)) or not isinstance(seq_ids, Iterable):
         if not isinstance(seq_ids, Hashable):
             raise TypeError(f"a sequence id must be hashable, got {type(seq_ids).__name__} {seq_ids!r}")
         return [seq_ids]
-    raise TypeError(f"seq_ids must be one id (a str, an int, ...) or a list/tuple of ids, got "
+    raise TypeError(f"seq_ids must be one id (a str, an int, a tuple, ...) or a list of ids, got "
                     f"{type(seq_ids).__name__} {seq_ids!r}")  # fmt: skip
 
 
@@ -134,7 +135,8 @@ class PagedKVCache:
         (pages needed vs free) and changes nothing.
         """
         ids = _as_ids(seq_ids)
-        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
+        num_tokens = _as_int(num_tokens, "num_tokens must be an int >= 0")
+        if num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if len(set(ids)) != len(ids):
             raise ValueError(f"seq_ids must be distinct, got {ids}")

@@ -272,3 +272,36 @@ def test_paged_function_needs_a_cache():
     q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8)
     with pytest.raises(ValueError, match="without a paged cache"):
         paged_module.paged_attention_forward(torch.nn.Module(), q, k, k, None)
+
+
+def test_block_table_call_folds_attention_sinks_in():
+    """GPT-OSS's ``s_aux`` on the block-table route: its decode used to refuse them mid-run (after the prefill)."""
+    query, key, value, kwargs, lengths = _block_table_call()
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0])  # (H,)
+    k_pages, v_pages, table = kwargs["k_cache"], kwargs["v_cache"], kwargs["block_table"]
+    out, _ = paged_module.continuous_batching_forward(torch.nn.Module(), query, key, value, None, scaling=0.3,
+                                                      s_aux=sinks, **kwargs)  # fmt: skip
+    ref, _ = paged_decode_reference(query[0].transpose(0, 1)[:3, None], k_pages, v_pages, table[:3],
+                                    torch.tensor(lengths[:3]), causal=True, softmax_scale=0.3, sinks=sinks)  # fmt: skip
+    torch.testing.assert_close(out[0, :3], ref[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.23's")
+def test_generate_batch_with_sinks_on_the_block_table_route(api_calls, monkeypatch):
+    """A sink model whose layers are all full attention keeps the block-table route on: each prompt's tokens as
+    its greedy generate alone."""
+    from test_architectures import tiny_config
+    from transformers import AutoModelForCausalLM
+
+    import hf_flashpatch
+
+    monkeypatch.setattr(paged_kernel, "kernels_unavailable_reason", lambda tensor: None)
+    config = tiny_config("gpt_oss")
+    config.layer_types = ["full_attention"] * config.num_hidden_layers
+    torch.manual_seed(0)
+    model = hf_flashpatch.patch(AutoModelForCausalLM.from_config(config).eval())
+    got = batch_generate(model)
+    assert api_calls["block_table"] >= config.num_hidden_layers * (NEW_TOKENS - 1)
+    for prompt, tokens in zip(PROMPTS, got):
+        alone = greedy(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
+        assert alone[0, len(prompt):].tolist() == tokens

@@ -288,7 +288,7 @@ def test_decode_refuses_tokens_allocated_but_not_appended_in_its_layer():
 def test_seq_ids_other_than_one_id_or_a_list_are_refused(ids):
     """allocate used to take a range or a tensor as one id, append and decode as several."""
     cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
-    with pytest.raises(TypeError, match="seq_ids must be one id .* or a list/tuple of ids, got"):
+    with pytest.raises(TypeError, match="seq_ids must be one id .* or a list of ids, got"):
         cache.allocate(ids, 1)
     assert cache.num_free_pages == 8
 
@@ -313,3 +313,13 @@ def test_layer_and_sizes_take_integers_only():
         cache.decode(torch.randn(1, 1, 1, 8), "a", layer=True)
     with pytest.raises(TypeError, match="k_new must be a torch.Tensor, got list"):
         cache.append("a", [1.0], torch.ones(1, 1, 1, 8), layer=0)
+
+
+def test_a_tuple_is_one_id_and_counts_take_numpy_integers():
+    """Serving code keys sequences by (request, beam): a tuple used to become two sequences."""
+    np = pytest.importorskip("numpy")
+    cache = PagedKVCache(num_pages=8, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    cache.allocate(("req", 0), np.int64(2))
+    assert cache.seq_len(("req", 0)) == 2 and cache.num_free_pages == 7
+    cache.append([("req", 0)], torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
+    assert cache.decode(torch.randn(1, 1, 1, 8), ("req", 0)).shape == (1, 1, 1, 8)

@@ -55,9 +55,8 @@ class UnsupportedAttentionFeature(NotImplementedError):
     """A transformers feature that this backend does not implement (it names an alternative)."""
 
 
-def check_unsupported(module, dropout: float, kwargs: dict, *, sinks_served: bool = False) -> None:
-    """Refuse what would otherwise give a silently wrong answer. ``sinks_served``: the caller folds attention
-    sinks in (the attention function does; the continuous-batching pool routes do not)."""
+def check_unsupported(module, dropout: float, kwargs: dict) -> None:
+    """Refuse what would otherwise give a silently wrong answer. (Attention sinks are served on every route.)"""
     if kwargs.get("output_attentions", False):
         raise UnsupportedAttentionFeature(
             "hf_flashpatch's attention backend does not return attention probabilities (output_attentions=True); "
@@ -68,12 +67,6 @@ def check_unsupported(module, dropout: float, kwargs: dict, *, sinks_served: boo
             f"hf_flashpatch's attention backend has no attention dropout, got dropout={dropout} "
             f"(module {type(module).__name__} in training mode); set config.attention_dropout=0.0, call "
             "model.eval(), or train with attn_implementation='sdpa'"
-        )
-    if not sinks_served and unsupported.sink_logits(kwargs) is not None:
-        raise UnsupportedAttentionFeature(
-            f"hf_flashpatch's continuous-batching pool routes do not implement attention sinks (s_aux of shape "
-            f"{tuple(unsupported.sink_logits(kwargs).shape)}); use attn_implementation='eager' for this model's "
-            "generate_batch"
         )
 
 
@@ -275,7 +268,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                               is_causal=is_causal, reason=reason, **kwargs)  # fmt: skip
     if sliding_window is None:
         sliding_window = window_of_every_layer(module)
-    check_unsupported(module, dropout, kwargs, sinks_served=True)
+    check_unsupported(module, dropout, kwargs)
     for label, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             raise ValueError(f"{label} must be 4-D (batch, heads, seqlen, head_dim), got {tuple(t.shape)}")

@@ -62,7 +62,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
                             **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """``paged|<name>`` (transformers < 5.23). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
     -> ``(out (1, T_q, H, D), None)``."""
-    check_unsupported(module, dropout, kwargs, sinks_served=True)  # the torch path folds sinks in
+    check_unsupported(module, dropout, kwargs)  # (the torch path folds sinks in)
     _check_packed_call(query, kwargs)
     if paged_kernel.slot_route_declines(module, query, value, kwargs) is None:
         return paged_kernel.slot_attention(module, query, key, value, scaling, kwargs)
@@ -71,7 +71,7 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
 
 def paged_attention_forward_torch(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The gather-then-varlen path of ``paged|<name>`` (any device); see the module docstring."""
-    check_unsupported(module, dropout, kwargs, sinks_served=True)
+    check_unsupported(module, dropout, kwargs)
     _check_packed_call(query, kwargs)
     sliding = _sliding_window(module, kwargs)
     layer_type = "sliding_attention" if sliding else "full_attention"
@@ -109,5 +109,5 @@ def continuous_batching_forward(module: torch.nn.Module, query: torch.Tensor, ke
     query ``(1, H, T_q, D)`` -> ``(out (1, T_q, H, D), None)``."""
     if kwargs.get("block_table") is None:
         return attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    check_unsupported(module, dropout, kwargs)
+    check_unsupported(module, dropout, kwargs)  # (the block-table route folds sinks into the paged decode)
     return paged_kernel.block_table_attention(module, query, key, value, scaling, kwargs)

@@ -185,5 +185,6 @@ def block_table_attention(module, query, key, value, scaling, kwargs) -> tuple[t
     out = api.flash_attn_paged_decode(
         q, k_pages, v_pages, table, seqlens, causal=True, softmax_scale=scaling,
         window=_window(kwargs.get("sliding_window")), softcap=kwargs.get("softcap"), check_inputs=False,
+        sinks=unsupported.sink_logits(kwargs),  # GPT-OSS's s_aux: folded into the decode's (out, lse)
     )  # fmt: skip  (B, 1, H, D)
     return out.reshape(1, batch, *out.shape[2:]), None  # (1, B, H, D)
