@@ -214,6 +214,9 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None, None, None, None, None, None, None
 
 
-define_op("masked_attention_backward", _backward_impl, _backward_fake)
-masked_attention_op = define_op("masked_attention", _forward_impl, _forward_fake)
+# Both read a flag on the host: inductor keeps them out of CUDA graphs (mode="reduce-overhead") rather than capture
+# a sync. (A compiled decode step, the graphs transformers captures, runs the decode op instead.)
+_HOST_READ = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+define_op("masked_attention_backward", _backward_impl, _backward_fake, _HOST_READ)
+masked_attention_op = define_op("masked_attention", _forward_impl, _forward_fake, _HOST_READ)
 torch.library.register_autograd("hf_flashpatch::masked_attention", _backward, setup_context=_setup_context)

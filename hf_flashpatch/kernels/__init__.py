@@ -88,14 +88,14 @@ def fold_scores(scale: float, softcap: float | None) -> ScoreScales:
     return ScoreScales(scale * LOG2E, 0.0, 0.0)
 
 
-def define_op(name: str, impl, fake):
+def define_op(name: str, impl, fake, tags: tuple = ()):
     """``torch.ops.hf_flashpatch.<name>``: the custom op with body ``impl`` and fake implementation ``fake``,
     defined once per process (a re-imported module reuses the op it defined before)."""
     try:
         return getattr(torch.ops.hf_flashpatch, name)
     except (AttributeError, RuntimeError):
         pass
-    op = torch.library.custom_op(f"hf_flashpatch::{name}", mutates_args=())(impl)
+    op = torch.library.custom_op(f"hf_flashpatch::{name}", mutates_args=(), tags=tags)(impl)
     op.register_fake(fake)
     return getattr(torch.ops.hf_flashpatch, name)
 

@@ -113,6 +113,21 @@ def test_compiled_inference_with_the_default_cache_meets_the_oracle_bound(inputs
     assert err <= 2 * half + 1e-2, (err, half)
 
 
+def test_reduce_overhead_mode_keeps_the_masked_op_out_of_cuda_graphs():
+    """``torch.compile(mode="reduce-overhead")`` on a padded forward: the masked op reads a flag on the host, so
+    inductor must not capture it in a CUDA graph (its ``cudagraph_unsafe`` tag); twice, the same logits."""
+    model = tiny_llama("hfpatch")
+    ids, mask = _left_padded([113, 64])
+    compiled = torch.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        first = compiled(input_ids=ids, attention_mask=mask).logits
+        second = compiled(input_ids=ids, attention_mask=mask).logits
+        eager = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert torch.equal(first, second)
+    assert (first.float() - eager.float())[real].abs().max() <= 5e-2 * eager.float()[real].abs().max()
+
+
 KEY_RANGE_CASES = [
     # batch, cache len, S_q, heads, kv heads, head dim, window_left, softcap
     (4, 113, 1, 32, 8, 128, -1, 0.0),  # gqa
