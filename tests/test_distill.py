@@ -175,7 +175,7 @@ def test_resume_with_another_teacher_is_refused_in_one_line(teacher, text_cache,
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (other / name).write_bytes((teacher / name).read_bytes())
     common = flags(model=teacher, output_dir=tmp_path / "run", text_cache=text_cache, kv_heads=1,
-                   convert_method="random", max_steps=4, **COMMON)
+                   convert_method="random", lr=3e-3, max_steps=4, **COMMON)  # args_for's lr: the first run's
     status, err = uptrain([*common, "--teacher", str(other)], capsys)
     assert status == 2 and err.count("\n") == 1, err
     assert f"--teacher was {teacher}, now {other}" in err and "pass --no-resume" in err
