@@ -66,3 +66,31 @@ def test_the_op_takes_the_plain_path_only_when_every_key_is_real(monkeypatch):
     assert calls == [1]
     torch.testing.assert_close((plain, plain_lse), masked_attention_with_lse(q, k, v, full, *args), atol=1e-5,
                                rtol=1e-5)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dense_path_is_the_eager_unpadding_on_random_batches(seed):
+    """The compiled path's dense computation against the eager backend (unpad, varlen, pad back) on random
+    left/right padding, GQA, windows, softcap and fewer queries than keys (a cache prefix)."""
+    from hf_flashpatch.backend import attention_forward
+    from hf_flashpatch.backend.masked_op import masked_attention
+
+    gen = torch.Generator().manual_seed(seed)
+    randint = lambda lo, hi: int(torch.randint(lo, hi, (), generator=gen))  # noqa: E731
+    batch, seqlen_k, kv_heads, group = randint(1, 4), randint(2, 12), randint(1, 3), randint(1, 3)
+    seqlen_q = seqlen_k if seed % 2 else randint(1, seqlen_k + 1)
+    mask = torch.zeros(batch, seqlen_k, dtype=torch.bool)
+    for b in range(batch):
+        real = randint(seqlen_q if seqlen_q < seqlen_k else 1, seqlen_k + 1)  # a cache row holds its queries
+        mask[b, seqlen_k - real :] = True  # left padding
+    if seed % 4 == 1 and seqlen_q == seqlen_k:
+        mask = mask.flip(1)  # right padding
+    window = None if seed % 3 == 0 else (randint(0, 4), None)
+    softcap = 5.0 if seed % 3 == 2 else None
+    q = torch.randn(batch, kv_heads * group, seqlen_q, 8, generator=gen)  # (B, H, S_q, D), as transformers passes
+    k, v = torch.randn(batch, kv_heads, seqlen_k, 8, generator=gen), torch.randn(batch, kv_heads, seqlen_k, 8, generator=gen)
+    sliding = None if window is None else window[0] + 1
+    eager, _ = attention_forward(torch.nn.Module(), q, k, v, mask, sliding_window=sliding, softcap=softcap)
+    dense = masked_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, causal=True,
+                             softmax_scale=None, window=window, softcap=softcap)  # fmt: skip
+    torch.testing.assert_close(dense, eager, atol=1e-5, rtol=1e-5)
