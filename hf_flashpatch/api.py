@@ -9,9 +9,10 @@ v may have a head dim of its own, ``head_dim_v`` (``D_v``; multi-head latent att
 q/k 192, v 128): out then has ``D_v`` columns, lse is unchanged and ``softmax_scale=None`` is
 ``1 / sqrt(D)``, D being q/k's. Every function serves it on the kernels
 (:mod:`hf_flashpatch.kernels.value_head_dim`): the decode kernels read v's rows at ``D_v`` (192/128 is built;
-other pairs take the fallback with one warning), the forward kernel takes 192/128 itself on Hopper, and the
-rest (the backward, other pairs, other GPUs) runs on exactly zero-padded inputs at ``P / D`` and ``P / D_v``
-times the work of the pair (192/128 pads to 256).
+other pairs take the fallback with one warning), the forward and backward kernels take 192/128 themselves on
+Hopper (the backward not with softcap or ``deterministic=True``), and the rest (other pairs, other GPUs) runs on
+exactly zero-padded inputs at ``P / D`` and ``P / D_v`` times the work of the pair (a padded 192/128 backward pads
+v to 192; the forward off Hopper pads both to 256).
 
 Common keyword arguments:
 

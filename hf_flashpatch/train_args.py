@@ -114,8 +114,9 @@ def token_counts(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated token counts such as 0,1e6,5e6, got {text!r}") from None
 
 
-def add_train_arguments(parser, **defaults) -> None:
-    """One ``--flag`` per ``TrainArgs`` field; ``defaults`` overrides the dataclass defaults per script."""
+def add_train_arguments(parser, help_overrides: dict | None = None, **defaults) -> None:
+    """One ``--flag`` per ``TrainArgs`` field; ``defaults`` overrides the dataclass defaults per script,
+    ``help_overrides`` the help of a field (by name) where a script uses it its own way."""
     import argparse
     import dataclasses
 
@@ -123,7 +124,7 @@ def add_train_arguments(parser, **defaults) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = defaults.get(f.name, f.default)
         kind = str(f.type)
-        help_text = FLAG_HELP.get(f.name)
+        help_text = (help_overrides or {}).get(f.name, FLAG_HELP.get(f.name))
         if f.name in ("model", "output_dir") and f.name not in defaults:
             parser.add_argument(flag, dest=f.name, required=True, help=help_text)
         elif kind == "bool":

@@ -24,8 +24,10 @@ from hf_flashpatch.training import INTERRUPTED, TrainArgs, TrainingInputError, a
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_train_arguments(parser, packing="flatten", seq_len=8192, gradient_checkpointing=True, lr=2e-5,
-                        eval_every=0, save_every=50, eval_seq_len=2048)
+    own_use = {"packing": "flatten only: whole documents per row (DataCollatorWithFlattening)",
+               "batch_size": "not used: each step's micro-batch is one row of whole documents, --seq-len tokens"}
+    add_train_arguments(parser, help_overrides=own_use, packing="flatten", seq_len=8192, gradient_checkpointing=True,
+                        lr=2e-5, eval_every=0, save_every=50, eval_seq_len=2048)
     args = TrainArgs(**vars(parser.parse_args(argv)))
     if args.packing != "flatten":
         parser.error(f"finetune_long.py packs with DataCollatorWithFlattening; got --packing {args.packing}")
