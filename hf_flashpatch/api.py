@@ -206,7 +206,8 @@ def flash_attn_varlen_func(
     fall_back = lambda lse: fallback.varlen_attention(  # noqa: E731
         q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=lse, **common
     )
-    return _finish(res, fall_back, return_lse, sinks, padding_from=cu_seqlens_q[-1])
+    padding_from = cu_seqlens_q[-1] if sinks is not None else None  # only sinks give padding rows an lse
+    return _finish(res, fall_back, return_lse, sinks, padding_from=padding_from)
 
 
 def flash_attn_with_kvcache(

@@ -8,9 +8,10 @@ requested) and the tiled online-softmax reference otherwise; rows that see no ke
 NaN: a NaN in q or k makes exactly the rows that see it NaN, on both paths. sdpa alone does not:
 its CPU kernels drop a NaN query row, and a mask tensor is added to the scores, so a NaN key reaches
 the rows the mask hides it from (``NaN + -inf`` is NaN). So sdpa gets q and k with NaN replaced by
-0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync). An infinite
-value in q or k (its scores are inf or NaN by plain arithmetic, as in the kernels) takes the tiled path,
-which masks each score before the softmax reads it; that check costs one host sync on CUDA.
+0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync). Where a mask
+applies, an infinite value in q or k (its scores are inf or NaN by plain arithmetic, as in the kernels) takes
+the tiled path, which masks each score before the softmax reads it (sdpa adds the mask to an inf score); that
+check costs one host sync on CUDA, as the mask's own row check does. Without a mask both paths compute the same.
 """
 
 from __future__ import annotations
@@ -27,16 +28,17 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     """q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)`` -> out ``(B, S_q, H, D_v)``
     [, lse ``(B, H, S_q)``]."""
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    if softcap or return_lse or bool(q.isinf().any() | k.isinf().any()):
+    left, right = normalize_window(window, causal)
+    masked = left >= 0 or right >= 0
+    if softcap or return_lse or (masked and bool(q.isinf().any() | k.isinf().any())):
         out, lse = attention_tiled(
             q, k, v, causal=causal, softmax_scale=scale, window=window, softcap=softcap, block_m=128, block_n=256
         )
         out, lse = _in_graph(out, q, k, v), _in_graph(lse, q, k, v)
         return (out, lse) if return_lse else out
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    left, right = normalize_window(window, causal)
     mask = None
-    if left >= 0 or right >= 0:
+    if masked:
         mask = visibility_mask(seqlen_q, seqlen_k, left, right, device=q.device)  # (S_q, S_k)
     q_nan, k_nan = q.isnan().any(dim=-1), k.isnan().any(dim=-1)  # (B, S_q, H), (B, S_k, H_kv)
     out = F.scaled_dot_product_attention(

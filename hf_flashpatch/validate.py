@@ -87,7 +87,7 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
     would be truncated silently) or do not fit int32, and a ``causal`` that is not a bool (a string such as
     ``"no"`` would read as true).
     """
-    if not isinstance(causal, bool) and not (isinstance(causal, int) and causal in (0, 1)):
+    if not (isinstance(causal, int) and causal in (0, 1)):  # a bool is an int
         raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
     if softmax_scale is not None:
         if not _is_real(softmax_scale):
