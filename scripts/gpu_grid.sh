@@ -19,8 +19,8 @@ group() {  # name, pytest arguments
 t0=$(date +%s)
 group forward tests/gpu/test_forward.py &
 group backward_core tests/gpu/test_backward.py -k "not varlen" &
-group backward_varlen tests/gpu/test_backward.py -k varlen &
-group training_vdim_sinks tests/gpu/test_training.py tests/gpu/test_value_head_dim_gpu.py tests/gpu/test_sinks_gpu.py &
+group backward_varlen_vdim tests/gpu/test_backward.py tests/gpu/test_value_head_dim_gpu.py -k "varlen or value_head_dim" &
+group training_sinks tests/gpu/test_training.py tests/gpu/test_sinks_gpu.py &
 group decode_backend tests/gpu/test_decode.py tests/gpu/test_bad_tables.py tests/gpu/test_paged_generate.py \
   tests/gpu/test_build_gpu.py tests/gpu/test_compile_gpu.py tests/gpu/test_backend_gpu.py \
   tests/gpu/test_architectures_gpu.py tests/gpu/test_bidirectional_gpu.py &

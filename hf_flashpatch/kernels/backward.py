@@ -6,7 +6,8 @@ varlen: q ``(T_q, H, D)``, k/v ``(T_k, H_kv, D)``, lse ``(H, T_q)``, ``cu_seqlen
 Any strides with a contiguous last dim (16-byte aligned rows; anything else is copied first).
 v/out/dout may have a head dim of their own, ``D_v`` (multi-head latent attention): the Hopper body takes 192/128
 itself (:func:`.heuristics.native_backward_value_head_dim`); other pairs, softcap, ``deterministic=True`` and other
-GPUs run on exactly zero-padded inputs (:func:`.value_head_dim.padded_gradients`).
+GPUs run on exactly zero-padded inputs (:func:`.value_head_dim.padded_gradients`), as does a head dim up to 256 that no
+build takes (16, 48, 80, 160, ...).
 Returns dq in q's shape and dtype, dk/dv in k/v's (contiguous). Query head ``h`` reads KV head
 ``h // (H // H_kv)``; dk/dv sum over the group inside the kernel (no ``repeat_kv`` copy).
 
@@ -152,7 +153,8 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
                     deterministic: bool = False) -> BackwardConfig:  # fmt: skip
     """The config that serves this call, or :class:`KernelUnsupported` saying why none does. Where v's head dim
     differs from q's, the config takes the pair (:func:`.heuristics.native_backward_value_head_dim`: ``head_dim_v``
-    set), else it is the one of the padded head dim (:func:`.value_head_dim.padded_head_dim`)."""
+    set), else it is the one of the padded head dim (:func:`.value_head_dim.padded_head_dim`), which is q's own
+    where a build takes it."""
     reason = kernels_unavailable_reason(q)
     if reason is not None:
         raise KernelUnsupported(reason)
@@ -160,11 +162,11 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
         raise KernelUnsupported(f"backward kernel needs k's head_dim == q's, got {tuple(k.shape)} and {tuple(q.shape)}")
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
-    if head_dim_v != head_dim:
-        if native_backward_value_head_dim(head_dim, head_dim_v, arch, bool(softcap), bool(deterministic)):
-            return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic), head_dim_v)
-        head_dim = padded_head_dim(head_dim, head_dim_v, SUPPORTED_HEAD_DIMS)
-    return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic))
+    if head_dim_v != head_dim and native_backward_value_head_dim(head_dim, head_dim_v, arch, bool(softcap),
+                                                                 bool(deterministic)):  # fmt: skip
+        return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic), head_dim_v)
+    padded = padded_head_dim(head_dim, head_dim_v, SUPPORTED_HEAD_DIMS)  # head_dim itself where a build takes it
+    return BackwardConfig.choose(padded, q.dtype, bool(softcap), arch, bool(deterministic))
 
 
 
@@ -291,7 +293,7 @@ def _backward_impl(
             return _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, softmax_scale, window_left, window_right, softcap, deterministic)  # fmt: skip
 
-        if v.shape[-1] == q.shape[-1] or cfg.head_dim_v is not None:  # one head dim, or a kernel taking the pair
+        if cfg.head_dim_v is not None or v.shape[-1] == q.shape[-1] == cfg.head_dim:  # the kernel takes them as is
             return run(dout, q, k, v, out)
         return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=SUPPORTED_HEAD_DIMS)
     except KernelUnsupported as exc:

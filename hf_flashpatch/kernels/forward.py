@@ -14,7 +14,8 @@ Layouts (flash-attn's):
 - v may have a head dim of its own, ``D_v`` (multi-head latent attention): out then has ``D_v`` columns. A
   kernel takes the pair itself where one does (on Hopper: q/k 192 with v 128,
   :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`), else the op runs the kernel on exactly
-  zero-padded inputs (:mod:`.value_head_dim`); the backward always pads.
+  zero-padded inputs (:mod:`.value_head_dim`). So does a head dim up to 256 that no build takes (16, 48, 80 as
+  in Phi-2 and StableLM, 160, ...): zero-padded to the next of {32, 64, 96, 128, 256}.
 
 ``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
 no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`
@@ -22,8 +23,8 @@ no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.re
 packed into the rows of one query tile, so each K/V tile is loaded once per group.
 
 What the kernel does not serve raises :class:`~hf_flashpatch.errors.KernelUnsupported` (the public
-API then takes the torch fallback): dtypes other than fp16/bf16, head dims outside
-{32, 64, 96, 128, 256} (or a q/k, v pair that no kernel head dim holds), mismatched q/k/v dtypes or devices. Inputs whose strides or base address
+API then takes the torch fallback): dtypes other than fp16/bf16, head dims above 256 (q/k or v),
+mismatched q/k/v dtypes or devices. Inputs whose strides or base address
 are not 16-byte aligned are copied to contiguous tensors first (a documented, rare slow path); so are k
 and v where the warp-specialised body streams them with the TMA and the driver cannot map their layout
 (a broadcast head dim with stride 0, :mod:`.tma`).
@@ -198,15 +199,13 @@ def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelUnsupported(f"the forward kernel needs one dtype for q, k, v, got {q.dtype}, {k.dtype}, {v.dtype}")
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    if head_dim_v == head_dim:
-        served = head_dim in SUPPORTED_HEAD_DIMS
-    else:  # a native pair (the arch is checked at launch), or zero-padded to a kernel head dim
-        served = (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES or padded_head_dim(
-            head_dim, head_dim_v, SUPPORTED_HEAD_DIMS) in SUPPORTED_HEAD_DIMS  # fmt: skip
+    # a build's head dim, a native pair (the arch is checked at launch), or zero-padded to a build's head dim
+    served = (head_dim, head_dim_v) in HOPPER_VALUE_HEAD_DIM_SHAPES or padded_head_dim(
+        head_dim, head_dim_v, SUPPORTED_HEAD_DIMS) in SUPPORTED_HEAD_DIMS  # fmt: skip
     if k.shape[-1] != head_dim or not served:
         raise KernelUnsupported(
-            f"the forward kernel takes head dims {SUPPORTED_HEAD_DIMS} (v's may differ where both fit in one "
-            f"of them), got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"the forward kernel takes q/k and v head dims up to {SUPPORTED_HEAD_DIMS[-1]} (q's and k's equal), "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.is_cuda and k.device == q.device and v.device == q.device):
         raise KernelUnsupported(f"the forward kernel needs q, k, v on one CUDA device, got {q.device}, {k.device}, {v.device}")
@@ -217,6 +216,14 @@ def _check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 def native_value_head_dim_for(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether a forward kernel takes q's head dim with v's (of its own) on q's device (no padding needed)."""
     return q.is_cuda and native_value_head_dim(q.shape[-1], v.shape[-1], device_arch(q.device))
+
+
+def needs_padding(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the op runs the kernel on zero-padded inputs (:mod:`.value_head_dim`): q's head dim is no build's,
+    or v's differs from it in a pair no kernel takes."""
+    if v.shape[-1] != q.shape[-1]:
+        return not native_value_head_dim_for(q, v)
+    return q.shape[-1] not in SUPPORTED_HEAD_DIMS
 
 
 def _packed_rows_map(wanted: bool, t: torch.Tensor, rows: int, group: int) -> tuple[bytes, int]:
@@ -379,7 +386,7 @@ def _attention_forward_impl(
         unavailable = kernels_unavailable_reason(q)
         if unavailable is not None:
             raise KernelUnsupported(unavailable)
-        if v.shape[-1] != q.shape[-1] and not native_value_head_dim_for(q, v):
+        if needs_padding(q, v):
             _check_supported(q, k, v)  # before padding anything
 
             def launch_padded(q_p, k_p, v_p, softmax_scale):  # (..., P) each

@@ -1,4 +1,5 @@
-"""A value head dim of its own (multi-head latent attention) on kernels that take one head dim.
+"""A value head dim of its own (multi-head latent attention), or a head dim no build takes, on kernels that take a few
+head dims, by exact zero-padding.
 
 MLA models (DeepSeek-V2/V3, GLM-4-MoE-Lite, MiniCPM3, ...) attend with a q/k head dim ``D`` (192 for
 DeepSeek-V3: 128 without RoPE + 64 with it) and a value head dim ``D_v`` (128). The forward op
@@ -9,6 +10,10 @@ DeepSeek-V3: 128 without RoPE + 64 with it) and a value head dim ``D_v`` (128). 
   :func:`~hf_flashpatch.kernels.heuristics.native_backward_value_head_dim`) but with softcap or
   ``deterministic=True``, whose gradients run on zero-padded inputs (:func:`padded_gradients`);
 - every other pair, and other GPUs, run the forward on zero-padded inputs as well (:func:`padded_attention`).
+
+The same route serves one head dim up to 256 that no build takes (16, 48, 80 as in Phi-2 and StableLM, 160, ...;
+``D_v = D``): q, k and v are padded to the next build head dim, forward and backward. The decode kernels take 80
+themselves (``decode_config.SUPPORTED_HEAD_DIMS``).
 
 Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`: the smallest the forward, or the backward,
 kernels take; they differ, 192 being a backward head dim only) is exact:

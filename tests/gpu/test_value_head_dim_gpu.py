@@ -1,7 +1,8 @@
 """A value head dim of its own (``D_v != D``: multi-head latent attention, DeepSeek-V3's 192/128) on the CUDA
 kernels, against the fp32 oracle: the native 192/128 forward and backward on Hopper (the backward with softcap
 on zero-padded inputs), the 192/128 decode kernels, else the exact zero-padding route
-(:mod:`hf_flashpatch.kernels.value_head_dim`).
+(:mod:`hf_flashpatch.kernels.value_head_dim`). The same route serves one head dim that no build takes (16, and 80 as
+in Phi-2, whose decode the decode kernels take), so those run every case here too.
 
 Layout q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, out ``(B, S_q, H, D_v)``. The
 bound, as in the other GPU tests: the kernel's max error against the fp32 oracle at most twice that of a
@@ -33,7 +34,9 @@ from hf_flashpatch.kernels.heuristics import native_backward_value_head_dim, nat
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DEV = "cuda"
-DIMS = {"192-128": (192, 128), "64-32": (64, 32)}
+# (q/k head dim, v head dim); 16 and 80 are one head dim that no forward or backward build takes, padded the same way
+DIMS = {"192-128": (192, 128), "64-32": (64, 32), "16-16": (16, 16), "80-80": (80, 80)}
+DECODE_DIMS = ("192-128", "80-80")  # the decode kernels take these themselves
 HEADS = {"mha": (8, 8), "gqa": (8, 2), "mqa": (8, 1)}
 SEQLENS = [(1, 113), (113, 113), (113, 239), (239, 239), (1, 239)]
 FALLBACK_MARK = "kernel not used"  # the API's "CUDA kernel not used" and the ops' "forward/backward kernel not used"
@@ -109,7 +112,7 @@ def _forward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: a kernel takes the pair
         return ("forward", d, d, d_v)
-    padded = 256 if (d, d_v) == (192, 128) else 64
+    padded = next(p for p in (32, 64, 96, 128, 256) if p >= max(d, d_v))  # 192/128 off Hopper: 256
     return ("forward", padded, padded, padded)
 
 
@@ -118,7 +121,7 @@ def _backward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_backward_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: the wgmma body takes it
         return ("backward", d, d, d_v)
-    padded = 192 if (d, d_v) == (192, 128) else 64  # the backward's head dims include 192: q/k stay, v is padded
+    padded = next(p for p in (32, 64, 96, 128, 192, 256) if p >= max(d, d_v))  # 192/128: q/k stay, v is padded
     return ("backward", padded, padded, padded)
 
 
@@ -135,7 +138,7 @@ def test_forward_matches_the_oracle(dims, heads, seqlens, causal, padded_calls):
         out, lse = hfp.flash_attn_func(q, k, v, causal=causal, return_lse=True)
     _no_fallback(caught)
     h, h_kv = HEADS[heads]
-    decoded = dims == "192-128" and seqlens[0] * (h // h_kv) <= 64  # the decode kernel's rows per KV head
+    decoded = dims in DECODE_DIMS and seqlens[0] * (h // h_kv) <= 64  # the decode kernel's rows per KV head
     assert padded_calls == ([] if decoded else [_forward_launch(DIMS[dims], q.device)])
     want, want_lse = attention_reference(q.float(), k.float(), v.float(), causal=causal)
     assert out.shape == want.shape and out.dtype == torch.bfloat16 and not out.isnan().any()
@@ -177,7 +180,8 @@ def test_varlen_gradients_match_the_oracle(dims, window, padded_calls):
     lens = [1, 113, 239, 64, 300]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
     total = sum(lens)
-    q, k, v = (t[0].detach().requires_grad_() for t in _qkv(1, total, total, HEADS["gqa"], DIMS[dims], seed=5))
+    batch = _qkv(1, total, total, HEADS["gqa"], DIMS[dims], seed=5)
+    q, k, v = (t[0].detach().requires_grad_() for t in batch)  # (T, H, D | D_v) each
     grad = torch.randn(total, q.shape[1], v.shape[-1], device=DEV, dtype=torch.bfloat16)  # (T, H, D_v)
     causal = window == (-1, -1)
     attn = dict(causal=True) if causal else dict(window=window)
