@@ -30,7 +30,9 @@ pytest.importorskip("pycuda")
 import hf_flashpatch as hfp  # noqa: E402
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
-from hf_flashpatch.kernels.heuristics import native_backward_value_head_dim, native_value_head_dim  # noqa: E402
+from hf_flashpatch.kernels.heuristics import (  # noqa: E402
+    BACKWARD_HEAD_DIMS, native_backward_value_head_dim, native_value_head_dim, padding_head_dims,
+)
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DEV = "cuda"
@@ -112,7 +114,8 @@ def _forward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: a kernel takes the pair
         return ("forward", d, d, d_v)
-    padded = next(p for p in (32, 64, 96, 128, 256) if p >= max(d, d_v))  # 192/128 off Hopper: 256
+    widths = padding_head_dims(forward_module.SUPPORTED_HEAD_DIMS, device_arch(device))  # Hopper: no 96
+    padded = next(p for p in widths if p >= max(d, d_v))  # 192/128 off Hopper: 256
     return ("forward", padded, padded, padded)
 
 
@@ -121,7 +124,8 @@ def _backward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_backward_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: the wgmma body takes it
         return ("backward", d, d, d_v)
-    padded = next(p for p in (32, 64, 96, 128, 192, 256) if p >= max(d, d_v))  # 192/128: q/k stay, v is padded
+    widths = padding_head_dims(BACKWARD_HEAD_DIMS, device_arch(device))  # 192/128: q/k stay, v is padded
+    padded = next(p for p in widths if p >= max(d, d_v))
     return ("backward", padded, padded, padded)
 
 
