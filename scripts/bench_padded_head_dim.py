@@ -1,6 +1,7 @@
 """Head dims no wgmma body takes (80: Phi-2 and StableLM; 96: Phi-3-mini), against torch SDPA's cuDNN backend in
 the same run: the call zero-padded to 96 (80's width before; 96 as it is: the mma.sync bodies) beside the same call
-zero-padded to 128 (the Hopper wgmma bodies): whether the padding on Hopper should skip 96.
+zero-padded to 128 (the Hopper wgmma bodies), which decides the padding width on Hopper
+(``heuristics.padding_head_dims``).
 
     python scripts/bench_padded_head_dim.py [--seconds 0.5] [--rounds 5] [--seqlen 4096]
 

@@ -121,6 +121,12 @@ def shipped_builds() -> dict:
                     for det in (False, True):
                         config = backward_config(d, dtype, softcap, arch, deterministic=det)
                         builds[f"bwd/{arch}/{dtype_name}/d{d}/softcap{int(softcap)}/det{int(det)}"] = config.build()
+            for d in _decode_only_head_dims():  # 80: Phi-2 and StableLM, which the other kernels take padded
+                for softcap in (False, True):
+                    for addressing in ADDRESSINGS:
+                        config = decode_config(d, dtype == torch.bfloat16, addressing, softcap)
+                        key = f"decode/{arch}/{dtype_name}/d{d}/{addressing}/softcap{int(softcap)}"
+                        builds[key] = config.build(arch)
             for d, d_v in _decode_value_head_dim_pairs():
                 for softcap in (False, True):
                     for addressing in ADDRESSINGS:
@@ -154,6 +160,13 @@ def _backward_only_head_dims() -> list:
     from hf_flashpatch.kernels.heuristics import BACKWARD_HEAD_DIMS
 
     return [d for d in BACKWARD_HEAD_DIMS if d not in HEAD_DIMS]
+
+
+def _decode_only_head_dims() -> list:
+    """Head dims the decode kernels are built for and the forward's are not (80)."""
+    from hf_flashpatch.kernels.decode_config import SUPPORTED_HEAD_DIMS
+
+    return [d for d in SUPPORTED_HEAD_DIMS if d not in HEAD_DIMS]
 
 
 def _decode_value_head_dim_pairs() -> tuple:

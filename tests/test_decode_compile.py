@@ -16,8 +16,9 @@ needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc not found")
 
 def _default_builds():
     builds = all_builds() + all_builds("sm_80")  # Hopper, and every other GPU
-    # per arch: (5 head dims + the 192/128 pair) x dtypes x addressing x softcap, and kv_append
-    assert len(builds) == len(set(builds)) == 2 * (6 * 2 * 3 * 2 + 1)
+    # per arch: (6 head dims, 80 among them, + the 192/128 pair) x dtypes x addressing x softcap, and kv_append
+    assert len(builds) == len(set(builds)) == 2 * (7 * 2 * 3 * 2 + 1)
+    assert {dict(b.defines).get("HEAD_DIM") for b in builds} == {"32", "64", "80", "96", "128", "192", "256", None}
     return builds
 
 

@@ -13,10 +13,11 @@ from test_value_head_dim import GRAD_TOL, TOL, _grads, _leaves, _qkv, kernel_dev
 import hf_flashpatch as hfp
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels import backward, forward
+from hf_flashpatch.kernels.heuristics import padding_head_dims
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference
 
-# head dim: (forward launch head dim, backward launch head dim)
-PADDED = {16: (32, 32), 48: (64, 64), 80: (96, 96), 160: (256, 192)}
+# head dim: (forward launch head dim, backward launch head dim) on Hopper, where 96 is padded to 128 as well
+PADDED = {16: (32, 32), 48: (64, 64), 80: (128, 128), 96: (128, 128), 160: (256, 192)}
 
 
 @pytest.mark.parametrize("head_dim", list(PADDED))
@@ -52,7 +53,7 @@ def test_varlen_pads_a_head_dim_no_build_takes(kernel_device):
     torch.testing.assert_close(out, ref_out, **TOL)
     for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
-    assert kernel_device == [("forward", 96, 96, 96), ("backward", 96, 96, 96)]
+    assert kernel_device == [("forward", 128, 128, 128), ("backward", 128, 128, 128)]
 
 
 def test_head_dims_above_256_are_refused_by_name():
@@ -69,11 +70,22 @@ def test_head_dims_above_256_are_refused_by_name():
     assert forward.needs_padding(torch.zeros(1, 1, 1, 192), torch.zeros(1, 1, 1, 128))  # CPU: no native pair
 
 
+def test_padding_widths_skip_96_on_hopper_but_for_a_deterministic_backward():
+    """The decision room's rule: 80 and 96 pad to 128 on Hopper (the wgmma bodies), to 96 elsewhere and in a
+    deterministic backward (whose one body serves 128 no faster); a build's own head dim is never padded elsewhere."""
+    built = forward.SUPPORTED_HEAD_DIMS
+    assert padding_head_dims(built, "sm_90a") == (32, 64, 128, 256)
+    assert padding_head_dims(built, "sm_80") == padding_head_dims(built, None) == built
+    assert padding_head_dims(backward.SUPPORTED_HEAD_DIMS, "sm_90a", deterministic=True) == backward.SUPPORTED_HEAD_DIMS
+
+
 @pytest.mark.parametrize("head_dim", list(PADDED))
 def test_backward_config_is_the_padded_head_dims(kernel_device, head_dim):
     q, k, v = _qkv(dims=(head_dim, head_dim))
     cfg = backward.check_supported(q, k, v, 0.0)
     assert (cfg.head_dim, cfg.head_dim_v) == (PADDED[head_dim][1], None)
     assert backward.check_supported(*_qkv(dims=(64, 64)), 0.0).head_dim == 64  # a build's own head dim stays
+    deterministic = backward.check_supported(q, k, v, 0.0, deterministic=True)  # the per-warp body keeps 96
+    assert deterministic.head_dim == (96 if head_dim in (80, 96) else PADDED[head_dim][1])
     with pytest.raises(KernelUnsupported, match="head_dim must be one of"):
         backward.check_supported(*_qkv(dims=(264, 264)), 0.0)

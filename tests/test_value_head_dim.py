@@ -153,6 +153,7 @@ def kernel_device(monkeypatch):
     monkeypatch.setattr(forward, "kernels_unavailable_reason", lambda tensor: None)
     monkeypatch.setattr(backward, "kernels_unavailable_reason", lambda tensor: None)
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)  # its head-dim rules: tests below
+    monkeypatch.setattr(forward, "arch_of", lambda q: "sm_90a")  # the padding widths of Hopper (no 96)
     monkeypatch.setattr(backward, "arch_for_capability", lambda *capability: "sm_90a")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     real_choose = backward.BackwardConfig.choose  # the shipped config of the head dim, whatever the test's dtype
@@ -240,7 +241,7 @@ def test_native_pair_takes_the_unpadded_forward_and_backward(kernel_device, hopp
     with torch.no_grad():
         hfp.flash_attn_varlen_func(*packed, cu, cu, 5, 5, causal=True)
         hfp.flash_attn_func(*_qkv(dims=(96, 64)), causal=True)  # no native kernel for this pair
-    assert kernel_device == [forward_launch, ("decode", 96, 96, 64), ("forward", 96, 96, 96)]
+    assert kernel_device == [forward_launch, ("decode", 96, 96, 64), ("forward", 128, 128, 128)]  # Hopper: no 96
 
 
 def test_forward_launch_at_a_native_pair(monkeypatch):
@@ -346,7 +347,7 @@ def test_varlen_on_a_kernel_device_takes_the_padded_forward(kernel_device):
     torch.testing.assert_close(out, ref_out, **TOL)
     for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
-    assert kernel_device == [("forward", 96, 96, 96), ("backward", 96, 96, 96)]  # only v is padded
+    assert kernel_device == [("forward", 128, 128, 128), ("backward", 128, 128, 128)]  # Hopper pads past 96
 
 
 @pytest.fixture

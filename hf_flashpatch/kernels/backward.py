@@ -48,7 +48,8 @@ from . import (LOG2E, aligned, define_op, fold_scores, fold_window,  # noqa: F40
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from .heuristics import HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim
+from .heuristics import (HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim,
+                         padding_head_dims)
 from .value_head_dim import padded_gradients, padded_head_dim
 
 _ROW_PAD = 128  # workspace rows are padded so every query tile read stays in bounds
@@ -165,7 +166,8 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     if head_dim_v != head_dim and native_backward_value_head_dim(head_dim, head_dim_v, arch, bool(softcap),
                                                                  bool(deterministic)):  # fmt: skip
         return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic), head_dim_v)
-    padded = padded_head_dim(head_dim, head_dim_v, SUPPORTED_HEAD_DIMS)  # head_dim itself where a build takes it
+    # head_dim itself where the padding takes it as it is (heuristics.padding_head_dims: 96 is padded on Hopper)
+    padded = padded_head_dim(head_dim, head_dim_v, padding_head_dims(SUPPORTED_HEAD_DIMS, arch, bool(deterministic)))
     return BackwardConfig.choose(padded, q.dtype, bool(softcap), arch, bool(deterministic))
 
 
@@ -295,7 +297,7 @@ def _backward_impl(
 
         if cfg.head_dim_v is not None or v.shape[-1] == q.shape[-1] == cfg.head_dim:  # the kernel takes them as is
             return run(dout, q, k, v, out)
-        return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=SUPPORTED_HEAD_DIMS)
+        return padded_gradients(run, dout, q, k, v, out, kernel_head_dims=(cfg.head_dim,))
     except KernelUnsupported as exc:
         if q.is_cuda:
             warn_fallback_once("backward", str(exc))

@@ -15,7 +15,7 @@ the function behind the op directly (:func:`hf_flashpatch.kernels.call_op`). The
 and grid of a call come from :func:`decode_plan`, made once per shape (per generation step).
 
 Declines (:class:`~hf_flashpatch.errors.KernelUnsupported`): fp32, head dims other than
-32/64/96/128/256 (64 and 128 are the tuned ones) and q/k 192 with v 128, more than 64 query rows per KV head
+32/64/80/96/128/256 (64 and 128 are the tuned ones) and q/k 192 with v 128, more than 64 query rows per KV head
 (``S_q * group``: the forward kernel is the better tool), a last dim that is not contiguous or rows
 that are not 16-byte aligned (the caches are never copied).
 """

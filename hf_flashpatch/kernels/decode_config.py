@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 from .build import KernelBuild
 
-SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+# The builds: cuda/decode.cu takes any multiple of 16; these are the head dims of real models, each compiled by the
+# CI check (80: Phi-1/1.5/2 and StableLM). Other head dims decode on the padded forward or the torch fallback.
+SUPPORTED_HEAD_DIMS = (32, 64, 80, 96, 128, 256)
 # (q/k head dim, v head dim) pairs built besides the equal ones: multi-head latent attention (DeepSeek-V2/V3).
 VALUE_HEAD_DIM_PAIRS = ((192, 128),)
 MAX_ROWS_PER_KV_HEAD = 64  # S_q * group above this goes to the forward kernel

@@ -43,7 +43,7 @@ from . import forward_torch, tma
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
-                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim)
+                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim, padding_head_dims)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -218,12 +218,18 @@ def native_value_head_dim_for(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.is_cuda and native_value_head_dim(q.shape[-1], v.shape[-1], device_arch(q.device))
 
 
+def arch_of(q: torch.Tensor) -> str | None:
+    """The kernels' arch for q's device (None off CUDA)."""
+    return device_arch(q.device) if q.is_cuda else None
+
+
 def needs_padding(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether the op runs the kernel on zero-padded inputs (:mod:`.value_head_dim`): q's head dim is no build's,
-    or v's differs from it in a pair no kernel takes."""
+    """Whether the op runs the kernel on zero-padded inputs (:mod:`.value_head_dim`): v's head dim differs from q's
+    in a pair no kernel takes, or q's is none the padding takes as it is on this arch
+    (:func:`.heuristics.padding_head_dims`: no build's, or 96 on Hopper)."""
     if v.shape[-1] != q.shape[-1]:
         return not native_value_head_dim_for(q, v)
-    return q.shape[-1] not in SUPPORTED_HEAD_DIMS
+    return q.shape[-1] not in padding_head_dims(SUPPORTED_HEAD_DIMS, arch_of(q))
 
 
 def _packed_rows_map(wanted: bool, t: torch.Tensor, rows: int, group: int) -> tuple[bytes, int]:
@@ -393,8 +399,8 @@ def _attention_forward_impl(
                 return _launch(q_p, k_p, v_p, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                                causal, window_left, window_right, softcap)  # fmt: skip
 
-            return padded_attention(launch_padded, q, k, v, kernel_head_dims=SUPPORTED_HEAD_DIMS,
-                                    softmax_scale=softmax_scale)  # fmt: skip
+            widths = padding_head_dims(SUPPORTED_HEAD_DIMS, arch_of(q))
+            return padded_attention(launch_padded, q, k, v, kernel_head_dims=widths, softmax_scale=softmax_scale)
         return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                        window_left, window_right, softcap)  # fmt: skip
     except KernelUnsupported as exc:

@@ -258,6 +258,22 @@ def mma_tile_shape(head_dim: int) -> TileShape:
     raise ValueError(f"no forward tile shape for head_dim {head_dim}; supported: 32, 64, 96, 128, 256")
 
 
+# ============================================================================================ padding
+
+# Where no build takes a call's head dim (or its v's: value_head_dim.py), the call is zero-padded to the next head
+# dim of this set, forward and backward alike. On Hopper 96 is left out: 80 and 96 run faster padded to 128 on the
+# wgmma bodies than at 96 on the mma.sync bodies (results/2026-12-05_07f5d67_final-tree-grid-table, call 4).
+HOPPER_SKIPPED_PADDING_HEAD_DIMS = (96,)
+
+
+def padding_head_dims(built: tuple[int, ...], arch: str | None, deterministic: bool = False) -> tuple[int, ...]:
+    """The head dims of ``built`` (a kernel family's, ascending) that a call is zero-padded to on ``arch`` (None: no
+    GPU). A deterministic backward keeps 96: its one body (the per-warp ``default``) serves 128 no faster."""
+    if arch == "sm_90a" and not deterministic:
+        return tuple(d for d in built if d not in HOPPER_SKIPPED_PADDING_HEAD_DIMS)
+    return built
+
+
 # =========================================================================================== backward
 
 BACKWARD_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # 192: the padded backward of 192/128 (value_head_dim.py)

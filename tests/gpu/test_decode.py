@@ -31,10 +31,10 @@ def _compile_variants_in_parallel():
     from hf_flashpatch.kernels.build import compile_cubin, device_arch
 
     arch = device_arch(torch.device(DEV))
-    shapes = {(d, True, "contiguous", False) for d in (32, 64, 96, 128, 256)}
+    shapes = {(d, True, "contiguous", False) for d in (32, 64, 80, 96, 128, 256)}
     shapes |= {(64, True, "contiguous", True), (128, False, "contiguous", False)}
     shapes |= {(128, True, "block_table", False), (128, True, "slot", False)}
-    shapes |= {(d, True, "block_table", False) for d in (32, 64, 96, 256)}
+    shapes |= {(d, True, "block_table", False) for d in (32, 64, 80, 96, 256)}
     builds = {decode.DecodeConfig(*shape).build(arch) for shape in shapes}
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(compile_cubin, builds))
@@ -111,6 +111,8 @@ CONTIGUOUS_CASES = [
     (3, 113, 1, 4, 4, 32, -1, 0.0, True),
     (3, 113, 2, 6, 2, 96, -1, 0.0, True),
     (2, 300, 1, 4, 1, 256, 63, 0.0, False),
+    (3, 239, 2, 32, 32, 80, -1, 0.0, True),  # Phi-2's heads: head dim 80 (five k-steps, unswizzled rows)
+    (2, 8192, 1, 32, 32, 80, -1, 0.0, False),  # split-KV at 80
 ]
 
 
@@ -205,7 +207,7 @@ def test_paged_and_slot_equal_unpaged(page_size, batch, max_len, heads, kv_heads
         _check_against_oracle(ref_out, ref_lse, q, k, v, seqlens, -1, 0, 0.0, 0.088)
 
 
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 256])
 @pytest.mark.parametrize("page_size", [16, 48])
 def test_paged_other_head_dims_equal_unpaged(head_dim, page_size, variant):
     """The paged copy forms at every supported head dim (the grid above runs D = 128): paged == the
@@ -321,8 +323,8 @@ def test_declines_what_it_does_not_serve():
     qb, kb = q.bfloat16(), k.bfloat16()
     with pytest.raises(KernelUnsupported, match="S_q=17, group=4"):
         decode.decode_forward(torch.randn(2, 17, 8, 128, device=DEV, dtype=torch.bfloat16), kb, kb, None, **common)
-    with pytest.raises(KernelUnsupported, match="head dims"):
-        decode.decode_forward(qb[..., :80], kb[..., :80], kb[..., :80], None, **common)
+    with pytest.raises(KernelUnsupported, match=r"head dims \(32, 64, 80, 96, 128, 256\).*got q \(2, 1, 8, 72\)"):
+        decode.decode_forward(qb[..., :72], kb[..., :72], kb[..., :72], None, **common)
 
 
 def test_cuda_graph_capture_and_side_stream():

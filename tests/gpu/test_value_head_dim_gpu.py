@@ -2,7 +2,7 @@
 kernels, against the fp32 oracle: the native 192/128 forward and backward on Hopper (the backward with softcap
 on zero-padded inputs), the 192/128 decode kernels, else the exact zero-padding route
 (:mod:`hf_flashpatch.kernels.value_head_dim`). The same route serves one head dim that no build takes (16, and 80 as
-in Phi-2), so those run every case here too.
+in Phi-2, whose decode the decode kernels take), so those run every case here too.
 
 Layout q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``, out ``(B, S_q, H, D_v)``. The
 bound, as in the other GPU tests: the kernel's max error against the fp32 oracle at most twice that of a
@@ -30,13 +30,15 @@ pytest.importorskip("pycuda")
 import hf_flashpatch as hfp  # noqa: E402
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
-from hf_flashpatch.kernels.heuristics import native_backward_value_head_dim, native_value_head_dim  # noqa: E402
+from hf_flashpatch.kernels.heuristics import (  # noqa: E402
+    BACKWARD_HEAD_DIMS, native_backward_value_head_dim, native_value_head_dim, padding_head_dims,
+)
 from hf_flashpatch.reference import attention_reference, varlen_attention_reference, visibility_mask  # noqa: E402
 
 DEV = "cuda"
 # (q/k head dim, v head dim); 16 and 80 are one head dim that no forward or backward build takes, padded the same way
 DIMS = {"192-128": (192, 128), "64-32": (64, 32), "16-16": (16, 16), "80-80": (80, 80)}
-DECODE_DIMS = ("192-128",)  # the decode kernels take these themselves
+DECODE_DIMS = ("192-128", "80-80")  # the decode kernels take these themselves
 HEADS = {"mha": (8, 8), "gqa": (8, 2), "mqa": (8, 1)}
 SEQLENS = [(1, 113), (113, 113), (113, 239), (239, 239), (1, 239)]
 FALLBACK_MARK = "kernel not used"  # the API's "CUDA kernel not used" and the ops' "forward/backward kernel not used"
@@ -112,7 +114,8 @@ def _forward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: a kernel takes the pair
         return ("forward", d, d, d_v)
-    padded = next(p for p in (32, 64, 96, 128, 256) if p >= max(d, d_v))  # 192/128 off Hopper: 256
+    widths = padding_head_dims(forward_module.SUPPORTED_HEAD_DIMS, device_arch(device))  # Hopper: no 96
+    padded = next(p for p in widths if p >= max(d, d_v))  # 192/128 off Hopper: 256
     return ("forward", padded, padded, padded)
 
 
@@ -121,7 +124,8 @@ def _backward_launch(dims, device) -> tuple:
     d, d_v = dims
     if native_backward_value_head_dim(d, d_v, device_arch(device)):  # 192/128 on Hopper: the wgmma body takes it
         return ("backward", d, d, d_v)
-    padded = next(p for p in (32, 64, 96, 128, 192, 256) if p >= max(d, d_v))  # 192/128: q/k stay, v is padded
+    widths = padding_head_dims(BACKWARD_HEAD_DIMS, device_arch(device))  # 192/128: q/k stay, v is padded
+    padded = next(p for p in widths if p >= max(d, d_v))
     return ("backward", padded, padded, padded)
 
 
