@@ -1,5 +1,6 @@
 """The coverage matrix (``tests/test_architectures.py``) on a GPU: its representative rows, every one of which
-runs on our kernels (``docs/architectures.md``), each a tiny random model (head dim 64; 192/128 for DeepSeek-V3: ``KERNEL_SIZES``) in bf16 on CUDA, patched, against
+runs on our kernels (``docs/architectures.md``), each a tiny random model (head dim 64; 192/128 for DeepSeek-V3:
+``KERNEL_SIZES``; Phi-2 and StableLM once more at their own head dim 80, ``HEAD_DIM_80``) in bf16 on CUDA, patched, against
 the same weights under transformers' sdpa (eager where the architecture has no sdpa):
 
 (a) a left-padded batch: the logits at the real tokens are finite, and their error against an fp32 run of the
@@ -35,15 +36,21 @@ DEV = "cuda"
 # The docs' cell, whichever transformers made the table: a row whose behaviour differs under the installed
 # release fails below (an unexpected fallback) rather than dropping out of the parameter set.
 ROWS = [m for m in matrix.REPRESENTATIVE if matrix.docs_table()[1].get(m) == "our kernels"]
+# Phi-2's and StableLM's own head dim, 80, which no forward or backward build takes: prefill runs the kernels on
+# q, k, v zero-padded to 128 (Hopper) or 96, decode and generate_batch run the decode kernels built at 80.
+HEAD_DIM_80 = dict(matrix.KERNEL_SIZES, hidden_size=320, head_dim=80)  # 4 heads of 80 (phi, stablelm: hidden / heads)
+PARAMS = [pytest.param((m, matrix.KERNEL_SIZES), id=m) for m in ROWS] + [
+    pytest.param((m, HEAD_DIM_80), id=f"{m}-head-dim-80") for m in ("phi", "stablelm")
+]
 
 
-def _twins(model_type):
+def _twins(model_type, sizes):
     """bf16 patched model and its bf16 reference with the same seed-0 weights, on the GPU."""
-    config = matrix.tiny_config(model_type, matrix.KERNEL_SIZES)
+    config = matrix.tiny_config(model_type, sizes)
     torch.manual_seed(0)
     ref = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(DEV).eval()
     ref.set_attn_implementation(matrix.reference_name(ref))
-    ours = AutoModelForCausalLM.from_config(matrix.tiny_config(model_type, matrix.KERNEL_SIZES), attn_implementation="eager").to(DEV)
+    ours = AutoModelForCausalLM.from_config(matrix.tiny_config(model_type, sizes), attn_implementation="eager").to(DEV)
     ours.load_state_dict(ref.state_dict())
     hf_flashpatch.patch(ours.eval())
     return ours.to(torch.bfloat16), ref
@@ -64,13 +71,16 @@ def _assert_same_or_near_tie(model, reference, context, got, want, what):
     assert ok, f"{what}: {where}"
 
 
-@pytest.fixture(params=ROWS)
+@pytest.fixture(params=PARAMS)
 def twins(request, monkeypatch):
     from hf_flashpatch.backend import unsupported
 
     monkeypatch.setattr(unsupported, "_warned", set())
-    ours, ref = _twins(request.param)
-    return request.param, ours, ref
+    model_type, sizes = request.param
+    ours, ref = _twins(model_type, sizes)
+    if sizes is HEAD_DIM_80:
+        assert ours.model.layers[0].self_attn.head_dim == 80, ours.model.layers[0].self_attn
+    return model_type, ours, ref
 
 
 def test_padded_logits_and_greedy_generate(twins):
