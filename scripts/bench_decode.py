@@ -1,6 +1,6 @@
 """Decode benchmark: bytes of K+V read per second, ours vs torch SDPA, plus end-to-end continuous batching.
 
-    python scripts/bench_decode.py [--quick] [--rounds N]
+    python scripts/bench_decode.py [--quick] [--rounds N] [--only kernels|head-dim-80|mla|generate]
 
 Kernel part: GQA 32/8, head dim 128, bf16, one query token per sequence, at batch x context
 64x4096, 16x32768, 128x2048. Contenders: our decode over a contiguous cache, our paged decode (page
@@ -9,6 +9,9 @@ TB/s = bytes of K and V read (2 * B * L * H_kv * D * 2) / time; each call is tim
 (10 calls per replay) so host overhead is not measured; every contender is timed once per pass, in at
 least 3 interleaved passes, and the median is reported (with the spread). The HBM read ceiling (a ``.sum()`` over 4 GB
 of bf16) is measured in the same run. Ratios are vs SDPA cuDNN.
+
+Head dim 80 part: Phi-2's decode (32 heads of 80, one K/V head each) at 16x4096 and 64x2048: our decode kernels
+built at 80 (contiguous, paged 16) vs SDPA's flash and cuDNN backends; ratios vs cuDNN.
 
 Multi-head latent attention part: DeepSeek-V3's decode (128 heads, K/V per head as transformers' cache holds them,
 q/k head dim 192, v 128) at 8x4096, 32x1024 and 1x32768: our decode kernel (which reads v at 128 columns) vs
@@ -37,6 +40,7 @@ import torch
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 SHAPES = [(64, 4096), (16, 32768), (128, 2048)]
+PHI2_HEADS, PHI2_HEAD_DIM, PHI2_SHAPES = 32, 80, [(16, 4096), (64, 2048)]  # Phi-2: 32 heads of 80, MHA
 MLA_HEADS, MLA_DIMS = 128, (192, 128)  # DeepSeek-V3: heads, (q/k head dim, v head dim)
 MLA_SHAPES = [(8, 4096), (32, 1024), (1, 32768)]
 CALLS_PER_GRAPH = 10
@@ -81,10 +85,11 @@ def _paged_copy(k, v, page_size, generator, shuffled: bool = True):
     else:
         order = torch.arange(batch * pages_per_seq)
     order = order.view(batch, pages_per_seq).cuda()
-    shape = (batch * pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
+    kv_heads, head_dim = k.shape[2:]
+    shape = (batch * pages_per_seq, page_size, kv_heads, head_dim)
     k_pages, v_pages = torch.empty(shape, device="cuda", dtype=k.dtype), torch.empty(shape, device="cuda", dtype=k.dtype)
-    k_pages[order] = k.view(batch, pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
-    v_pages[order] = v.view(batch, pages_per_seq, page_size, KV_HEADS, HEAD_DIM)
+    k_pages[order] = k.view(batch, pages_per_seq, page_size, kv_heads, head_dim)
+    v_pages[order] = v.view(batch, pages_per_seq, page_size, kv_heads, head_dim)
     return k_pages, v_pages, order.to(torch.int32)
 
 
@@ -100,7 +105,8 @@ def _sdpa(backend, q, k, v):
     return call
 
 
-def _our_forms(batch: int, length: int, generator: torch.Generator, in_order_pages: bool = False):
+def _our_forms(batch: int, length: int, generator: torch.Generator, in_order_pages: bool = False,
+               heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM):
     """Random inputs of one shape and our three decode forms on them: returns q ``(B, 1, H, D)``,
     k / v ``(B, L, H_kv, D)`` views of ``(B, H_kv, L, D)`` storage (as the transformers cache holds
     them), the K+V byte count, and ``{"contiguous" | "paged 16" | "paged 256": call}`` (shuffled
@@ -108,11 +114,11 @@ def _our_forms(batch: int, length: int, generator: torch.Generator, in_order_pag
     from hf_flashpatch.kernels import decode
 
     common = dict(causal=True, softmax_scale=None, window_left=-1, window_right=0, softcap=0.0)
-    q = torch.randn(batch, 1, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    v = torch.randn(batch, KV_HEADS, length, HEAD_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    q = torch.randn(batch, 1, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, kv_heads, length, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    v = torch.randn(batch, kv_heads, length, head_dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     seqlens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
-    kv_bytes = 2 * batch * length * KV_HEADS * HEAD_DIM * 2
+    kv_bytes = 2 * batch * length * kv_heads * head_dim * 2
     forms = {"contiguous": lambda: decode.decode_forward(q, k, v, None, **common)}
     for page_size in (16, 256):
         k_pages, v_pages, table = _paged_copy(k.contiguous(), v.contiguous(), page_size, generator)
@@ -177,6 +183,32 @@ def value_head_dim_rows(results: list, quick: bool, rounds: int = 3) -> None:
                 "max_abs_err_vs_sdpa_math": error[name], "rounds": len(samples.get(name, [])),
             })  # fmt: skip
         del q, k, v, contenders
+
+
+def head_dim_80_rows(results: list, quick: bool, rounds: int = 3) -> None:
+    """Phi-2's decode (module docstring): our decode kernels built at head dim 80 vs SDPA's flash and cuDNN."""
+    from torch.nn.attention import SDPBackend
+
+    replays = 5 if quick else 20
+    generator = torch.Generator().manual_seed(0)
+    for batch, length in PHI2_SHAPES[:1] if quick else PHI2_SHAPES:
+        q, k, v, kv_bytes, forms = _our_forms(batch, length, generator, heads=PHI2_HEADS, kv_heads=PHI2_HEADS,
+                                              head_dim=PHI2_HEAD_DIM)  # fmt: skip
+        contenders = {
+            "ours d80 contiguous": forms["contiguous"],
+            "ours d80 paged 16": forms["paged 16"],
+            "sdpa flash d80": _sdpa(SDPBackend.FLASH_ATTENTION, q, k, v),
+            "sdpa cudnn d80": _sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v),
+        }
+        reference = _sdpa(SDPBackend.MATH, q, k, v)().transpose(1, 2).float()  # (B, 1, H, D)
+        row, error, samples = _time_contenders(contenders, reference, kv_bytes, batch, length, replays, rounds)
+        for name, tbs in row.items():
+            results.append({
+                "name": name, "series": name, "panel": f"decode TB/s (MHA {PHI2_HEADS}, D={PHI2_HEAD_DIM}, bf16)",
+                "x": f"{batch}x{length}", "value": tbs, "unit": "TB/s", "vs_cudnn": tbs / row["sdpa cudnn d80"],
+                "max_abs_err_vs_sdpa_math": error[name], "rounds": len(samples.get(name, [])),
+            })  # fmt: skip
+        del q, k, v, contenders, forms
 
 
 def kernel_rows(results: list, quick: bool, rounds: int = 3) -> None:
@@ -297,23 +329,33 @@ def eager_generate_rows(results: list, quick: bool) -> None:
             print(f"eager generate {attn:8s} batch {batch}: {best:8.1f} new tok/s")
 
 
-def run(results: list, quick: bool = False, rounds: int = 3) -> None:
-    kernel_rows(results, quick, rounds=max(rounds, 3))
-    value_head_dim_rows(results, quick, rounds=max(rounds, 3))
-    eager_generate_rows(results, quick)
-    try:
-        generate_rows(results, quick)
-    except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
-        print(f"generate_batch part failed: {type(exc).__name__}: {exc}")
+PARTS = ("kernels", "head-dim-80", "mla", "generate")
+
+
+def run(results: list, quick: bool = False, rounds: int = 3, parts: tuple[str, ...] = PARTS) -> None:
+    rounds = max(rounds, 3)
+    if "kernels" in parts:
+        kernel_rows(results, quick, rounds=rounds)
+    if "head-dim-80" in parts:
+        head_dim_80_rows(results, quick, rounds=rounds)
+    if "mla" in parts:
+        value_head_dim_rows(results, quick, rounds=rounds)
+    if "generate" in parts:
+        eager_generate_rows(results, quick)
+        try:
+            generate_rows(results, quick)
+        except Exception as exc:  # noqa: BLE001 - the kernel numbers above stand on their own
+            print(f"generate_batch part failed: {type(exc).__name__}: {exc}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing passes (median; at least 3)")
+    parser.add_argument("--only", choices=PARTS, action="append", help="run only this part (repeatable)")
     args = parser.parse_args()
     results: list[dict] = []
-    run(results, quick=args.quick, rounds=args.rounds)
+    run(results, quick=args.quick, rounds=args.rounds, parts=tuple(args.only or PARTS))
     print(f"{'name':<34} {'shape':<12} {'value':>9}  unit   vs cuDNN  vs HBM  max err")
     for r in results:
         ratio = f"{r['vs_cudnn']:.2f}" if "vs_cudnn" in r else ""
