@@ -117,19 +117,28 @@ def test_reduce_overhead_mode_keeps_the_masked_op_out_of_cuda_graphs():
     """``torch.compile(mode="reduce-overhead")`` on a padded forward: the masked op reads a flag on the host, so
     inductor must not capture it in a CUDA graph (its ``cudagraph_unsafe`` tag). Three calls (warm-up, record,
     replay), each step marked and its logits cloned before the next replay overwrites the graph's output, as torch
-    asks of a caller that keeps results: the same logits each time, those of the eager model."""
+    asks of a caller that keeps results: the same logits each time, within the oracle bound of the default-mode test
+    above (twice eager bf16 sdpa's error of the fp32 model, plus a small floor: compiled and eager bf16 round
+    differently, so a fixed fraction of the eager logits is no bound)."""
     model = tiny_llama("hfpatch")
     ids, mask = _left_padded([113, 64])
     compiled = torch.compile(model, mode="reduce-overhead")
     runs = []
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         for _ in range(3):
             torch.compiler.cudagraph_mark_step_begin()
             runs.append(compiled(input_ids=ids, attention_mask=mask).logits.clone())
-        eager = model(input_ids=ids, attention_mask=mask).logits
-    real = mask.bool()
+    assert not [w for w in caught if FALLBACK_MARK in str(w.message)]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
-    assert (runs[2].float() - eager.float())[real].abs().max() <= 5e-2 * eager.float()[real].abs().max()
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask).logits.float()
+        model.float()
+        ref = model(input_ids=ids, attention_mask=mask).logits
+    real = mask.bool()
+    err, half = (runs[2].float() - ref)[real].abs().max(), (eager - ref)[real].abs().max()
+    assert err <= 2 * half + 1e-2, (err, half)
 
 
 KEY_RANGE_CASES = [
