@@ -15,7 +15,8 @@ Layouts (flash-attn's):
   kernel takes the pair itself where one does (on Hopper: q/k 192 with v 128,
   :func:`~hf_flashpatch.kernels.heuristics.native_value_head_dim`), else the op runs the kernel on exactly
   zero-padded inputs (:mod:`.value_head_dim`). So does a head dim up to 256 that no build takes (16, 48, 80 as
-  in Phi-2 and StableLM, 160, ...): zero-padded to the next of {32, 64, 96, 128, 256}.
+  in Phi-2 and StableLM, 160, ...): zero-padded to the next of {32, 64, 96, 128, 256}, 96 skipped on
+  Hopper (:func:`~hf_flashpatch.kernels.heuristics.padding_head_dims`).
 
 ``lse`` is the natural-log softmax denominator of the scaled (and soft-capped) scores; rows that see
 no key get ``lse = -inf`` and ``out = 0``. Windows follow :mod:`hf_flashpatch.reference.masks`

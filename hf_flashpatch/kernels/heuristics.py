@@ -261,8 +261,8 @@ def mma_tile_shape(head_dim: int) -> TileShape:
 # ============================================================================================ padding
 
 # Where no build takes a call's head dim (or its v's: value_head_dim.py), the call is zero-padded to the next head
-# dim of this set, forward and backward alike. On Hopper 96 is left out: 80 and 96 run faster padded to 128 on the
-# wgmma bodies than at 96 on the mma.sync bodies (results/2026-12-05_07f5d67_final-tree-grid-table, call 4).
+# dim of this set, forward and backward alike. On Hopper 96 is left out: 80 and 96 run 1.4-2x faster padded to 128 on
+# the wgmma bodies than at 96 on the mma.sync bodies (results/2026-12-05_83621b1_decode80-hopper-pad128).
 HOPPER_SKIPPED_PADDING_HEAD_DIMS = (96,)
 
 

@@ -12,7 +12,8 @@ DeepSeek-V3: 128 without RoPE + 64 with it) and a value head dim ``D_v`` (128). 
 - every other pair, and other GPUs, run the forward on zero-padded inputs as well (:func:`padded_attention`).
 
 The same route serves one head dim up to 256 that no build takes (16, 48, 80 as in Phi-2 and StableLM, 160, ...;
-``D_v = D``): q, k and v are padded to the next build head dim, forward and backward. The decode kernels take 80
+``D_v = D``): q, k and v are padded to the next build head dim, forward and backward (on Hopper 96 is
+skipped: :func:`~hf_flashpatch.kernels.heuristics.padding_head_dims`). The decode kernels take 80
 themselves (``decode_config.SUPPORTED_HEAD_DIMS``).
 
 Zero-padding to one kernel head dim ``P`` (:func:`padded_head_dim`: the smallest the forward, or the backward,
