@@ -347,7 +347,7 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None
 
 
 def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
-    from .validate import check_int_vector, content_checks_enabled
+    from .validate import check_int_vector, check_writable_pool, content_checks_enabled
 
     named = (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool))
     for name, t in named:
@@ -364,10 +364,14 @@ def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
         )
     if len({t.dtype for _, t in named}) != 1:
         raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, got {[str(t.dtype) for _, t in named]}")
+    if not isinstance(slots, torch.Tensor):
+        raise TypeError(f"slots must be a torch.Tensor, got {type(slots).__name__}")
     check_int_vector(slots, "slots", k_new.shape[0], slots.device)  # the device: with the pools' below
     if len({t.device for _, t in named} | {slots.device}) != 1:
         raise ValueError(f"k_new, v_new, k_pool, v_pool, slots must be on one device, got "
                          f"{[str(t.device) for _, t in named]} and {slots.device}")  # fmt: skip
+    for name, pool in (("k_pool", k_pool), ("v_pool", v_pool)):  # before either pool is written
+        check_writable_pool(pool, name)
     if content_checks_enabled(check_inputs, slots):
         values = slots.tolist()  # the call's one sync on CUDA
         bad = next((t for t, s in enumerate(values) if s >= k_pool.shape[0]), None)
@@ -419,7 +423,7 @@ def flash_attn_slot_varlen_func(
     if slots.device != q.device:
         raise ValueError(f"slots must be on {q.device}, got {slots.device}")
     # The keys are the rows of slots: they stand in for k in the check of cu_seqlens_k.
-    check_varlen(q, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
+    check_varlen(q, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs, keys_name="slots")
     if content_checks_enabled(check_inputs, slots):
         used = slots[: int(cu_seqlens_k[-1])].tolist()
         bad = next((t for t, s in enumerate(used) if not 0 <= s < k_pool.shape[0]), None)

@@ -121,8 +121,17 @@ def _load(model_or_path, num_key_value_heads: int, method: str, dtype=None):
         return model_or_path
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    check_convertible(AutoConfig.from_pretrained(model_or_path), num_key_value_heads, method)
-    return AutoModelForCausalLM.from_pretrained(model_or_path, dtype=dtype or "auto")
+    config = AutoConfig.from_pretrained(model_or_path)
+    check_convertible(config, num_key_value_heads, method)
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(name.endswith("ForCausalLM") for name in architectures):
+        raise ValueError(f"the checkpoint is a {', '.join(architectures)}, not a causal LM: the converter writes "
+                         "*ForCausalLM checkpoints and would drop its own head (convert a ForCausalLM checkpoint)")
+    model, loading = AutoModelForCausalLM.from_pretrained(model_or_path, dtype=dtype or "auto", output_loading_info=True)
+    if loading.get("missing_keys"):  # e.g. a bare decoder without lm_head: the converted model would be random there
+        raise ValueError(f"the checkpoint lacks weights a {type(model).__name__} needs: "
+                         f"{sorted(loading['missing_keys'])[:8]}")  # fmt: skip
+    return model
 
 
 def _attention_modules(model: nn.Module):
@@ -316,6 +325,9 @@ def expand_kv_heads(model: nn.Module, num_key_value_heads: int) -> nn.Module:
     """
     config = model.config
     kv_heads = config.num_key_value_heads or config.num_attention_heads
+    check_convertible(config, kv_heads)  # the architectures the converter knows, a positive int count
+    if not isinstance(num_key_value_heads, int) or isinstance(num_key_value_heads, bool) or num_key_value_heads < 1:
+        raise ValueError(f"num_key_value_heads must be a positive int, got {num_key_value_heads!r}")
     if num_key_value_heads % kv_heads or config.num_attention_heads % num_key_value_heads:
         raise ValueError(
             f"num_key_value_heads={num_key_value_heads} must be a multiple of the current {kv_heads} KV heads "

@@ -65,6 +65,10 @@ from torch import nn
 _RANK_TOL = 1e-11
 # Entries of a merged matrix below this fraction of its largest are float64 round-off, not weights.
 _NOISE_FLOOR = 1e-12
+# Σ gains this fraction of its mean eigenvalue on every direction (a ridge): directions the calibration
+# tokens never reached (a few tokens, one repeated token) still count, a little, so the merge keeps them
+# instead of dropping them; an expand_kv_heads twin then merges back exactly whatever the calibration.
+_UNSEEN_WEIGHT = 1e-4
 
 
 @dataclass
@@ -162,14 +166,23 @@ def merge_keys(keys: torch.Tensor, query_energy: torch.Tensor, moment: torch.Ten
     # in size, which keeps uptraining stable (a weak merged key and 5x queries diverged at lr 5e-4).
     # Its phase is that of the weighted mean factor (the strongest head's where the mean cancels).
     # Equal heads thereby merge to themselves with factors 1.
-    weights = query_energy / query_energy.sum(0, keepdim=True)  # (g, P)
+    tiny = torch.finfo(torch.float64).tiny
+    total_energy = query_energy.sum(0, keepdim=True)  # (1, P)
+    weights = query_energy / total_energy.clamp_min(tiny)  # (g, P)
     strength = (weights * torch.diagonal(gram, dim1=1, dim2=2).real.T).sum(0)  # (P,): mean E|k_j|²
     merged_strength = torch.einsum("ti,ik,tk->t", merged, sigma, merged.conj()).real  # (P,): E|w·x̂|²
     mean = (weights * factors).sum(0)  # (P,)
     strongest = factors.gather(0, (weights * factors.abs() ** 2).argmax(0, keepdim=True))[0]  # (P,)
     phase = torch.where(mean.abs() > 1e-3 * factors.abs().max(0).values, mean, strongest)
-    scale = phase / phase.abs() * (strength / merged_strength.clamp_min(torch.finfo(torch.float64).tiny)).sqrt()
-    return merged * scale[:, None], factors / scale
+    scale = phase / phase.abs() * (strength / merged_strength.clamp_min(tiny)).sqrt()
+    merged, factors = merged * scale[:, None], factors / scale
+    # A pair that no query reads or whose keys are all zero (pruned heads) has no best merge: the ratios above
+    # are 0/0. Its plain mean with factors 1 is as good as any merge there and keeps every weight finite.
+    degenerate = (total_energy[0] <= tiny) | (strength <= tiny) | (merged_strength <= tiny) \
+        | ~torch.isfinite(merged).all(1) | ~torch.isfinite(factors).all(0)  # (P,)
+    merged = torch.where(degenerate[:, None], keys.mean(0), merged)
+    factors = torch.where(degenerate[None, :], torch.ones_like(factors), factors)
+    return merged, factors
 
 
 def _sqrt_and_inverse(moment: torch.Tensor):
@@ -208,7 +221,7 @@ def merge_values(values: torch.Tensor, outputs: list[torch.Tensor], moment: torc
     c_root, _ = _sqrt_and_inverse(blocks)
     u, _, vh = torch.linalg.svd(c_root @ lifted.mean(0))
     gauge = c_root @ u @ vh  # (d, d): A
-    if torch.linalg.cond(gauge) > 1e8:  # value heads without any spread: keep the white basis
+    if not torch.linalg.cond(gauge) <= 1e8:  # value heads without any spread (all zero: NaN): the white basis
         gauge = torch.eye(d, dtype=gauge.dtype)
     merged = gauge @ mix @ stacked  # (d, in+1)
     inverse_gauge = torch.linalg.inv(gauge)
@@ -229,6 +242,7 @@ def merge_attention(module: nn.Module, moment: torch.Tensor, target: int, *, exa
     heads = module.q_proj.out_features // d
     group, readers = kv_heads // target, heads // kv_heads  # old KV heads per new one, queries per old KV head
     sigma = moment.double().cpu()
+    sigma = sigma + torch.eye(sigma.shape[0], dtype=sigma.dtype) * (_UNSEEN_WEIGHT * sigma.diagonal().mean())
     queries = _augmented(module.q_proj, heads)  # (H, D, in+1)
     keys = _augmented(module.k_proj, kv_heads)  # (H_kv, D, in+1)
     values = _augmented(module.v_proj, kv_heads)  # (H_kv, D, in+1)
@@ -259,5 +273,10 @@ def merge_attention(module: nn.Module, moment: torch.Tensor, target: int, *, exa
     q_weight, q_bias = _split(queries, module.q_proj)
     k_weight, k_bias = _split(torch.cat(new_keys), module.k_proj)
     v_weight, v_bias = _split(torch.cat(new_values), module.v_proj)
-    return MergedAttention(q_weight, q_bias, k_weight, k_bias, v_weight, v_bias,
-                           _flush(o_new).to(module.o_proj.weight.dtype).to(module.o_proj.weight.device).contiguous())
+    merged = MergedAttention(q_weight, q_bias, k_weight, k_bias, v_weight, v_bias,
+                             _flush(o_new).to(module.o_proj.weight.dtype).to(module.o_proj.weight.device).contiguous())
+    for name, weight in vars(merged).items():  # what the degenerate cases above cannot have caught: never write it
+        if weight is not None and not torch.isfinite(weight).all():
+            raise ValueError(f"the pca merge of {type(module).__name__} gave non-finite {name} (its weights or "
+                             "calibration statistics hold inf/NaN?); convert with method='mean'")  # fmt: skip
+    return merged

@@ -43,6 +43,9 @@ def _as_ids(seq_ids) -> list[Hashable]:
     as one id. Other iterables (a range, a set, a tensor, a generator) are refused rather than read as one id by
     one method and as several by another."""
     if isinstance(seq_ids, list):
+        for seq_id in seq_ids:
+            if not isinstance(seq_id, Hashable):
+                raise TypeError(f"a sequence id must be hashable, got {type(seq_id).__name__} {seq_id!r} in seq_ids")
         return seq_ids
     if isinstance(seq_ids, (str, bytes, tuple)) or not isinstance(seq_ids, Iterable):
         if not isinstance(seq_ids, Hashable):
@@ -69,6 +72,14 @@ def check_page_table(page_table: torch.Tensor, num_pages: int, seqlens: torch.Te
     ``page_table`` int ``(B, max_pages)``, ``seqlens`` int ``(B,)``. The check
     :func:`hf_flashpatch.flash_attn_paged_decode` runs (one device sync on GPU).
     """
+    for name, t in (("page_table", page_table), ("seqlens", seqlens)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    for name, value in (("num_pages", num_pages), ("page_size", page_size)):
+        if _as_int(value, f"{name} must be a positive int") <= 0:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
     if page_table.dim() != 2 or seqlens.shape != (page_table.shape[0],):
         raise ValueError(
             f"page_table must be (B, max_pages) and seqlens (B,), got {tuple(page_table.shape)} and "
@@ -195,7 +206,8 @@ class PagedKVCache:
     def append(self, seq_ids: Sequence[Hashable], k_new: torch.Tensor, v_new: torch.Tensor, layer: int = 0) -> None:
         """Write the newest ``S_new`` tokens of each sequence in ``layer``.
 
-        ``k_new, v_new (B, S_new, H_kv, D)``: row ``b`` holds tokens ``len - S_new .. len - 1`` of
+        ``k_new, v_new (B, S_new, H_kv, D)``, floating (cast to the pool's dtype as torch casts: a value beyond its
+        range becomes inf): row ``b`` holds tokens ``len - S_new .. len - 1`` of
         ``seq_ids[b]`` (call ``allocate(seq_ids, S_new)`` first). ``S_new`` must be the number of
         tokens allocated since this layer's last append to the sequence, and the ids distinct: a
         missing ``allocate`` would otherwise overwrite the last tokens.
@@ -207,6 +219,9 @@ class PagedKVCache:
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in SUPPORTED_DTYPES and t.dtype != torch.float64:  # floats are cast to the pool's dtype
+                raise TypeError(f"{name} must be a real floating tensor (cast to the pool's {self.k_pages.dtype}), got "
+                                f"{t.dtype}")  # fmt: skip
         expected = (len(seq_ids), k_new.shape[1] if k_new.dim() == 4 else -1, self.kv_heads, self.head_dim)
         if k_new.dim() != 4 or tuple(k_new.shape) != expected or v_new.shape != k_new.shape:
             raise ValueError(

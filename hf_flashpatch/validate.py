@@ -32,13 +32,32 @@ def _fail(message: str):
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool) -> None:
     """Batched: q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``. Packed: q ``(T_q, H, D)``,
     k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``. v's head dim ``D_v`` may differ from ``D`` (multi-head latent
-    attention); every other dim of k and v must match."""
-    names = ("q", "k", "v")
+    attention); every other dim of k and v must match.
+
+    Every decode layer of every step runs this, so the accepted case costs a handful of compares; the messages
+    are built only on the way to an error."""
     rank = 3 if packed else 4
-    layout = "(total, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)"
-    for name, t in zip(names, (q, k, v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        for name, t in (("q", q), ("k", k), ("v", v)):  # subclasses (fake, functional tensors) are tensors too
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    dtype, head_dim, head_dim_v = q.dtype, q_shape[-1] if q_shape else 0, v_shape[-1] if v_shape else 0
+    if not (
+        len(q_shape) == len(k_shape) == len(v_shape) == rank
+        and dtype in SUPPORTED_DTYPES and dtype == k.dtype == v.dtype
+        and q.device == k.device == v.device
+        and k_shape[:-1] == v_shape[:-1] and (packed or k_shape[0] == q_shape[0]) and k_shape[-1] == head_dim
+        and 0 < head_dim <= MAX_HEAD_DIM and 0 < head_dim_v <= MAX_HEAD_DIM
+        and k_shape[-2] != 0 and q_shape[-2] % k_shape[-2] == 0
+    ):  # fmt: skip
+        _explain_qkv(q, k, v, rank, "(total, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)",
+                     packed)  # fmt: skip
+
+
+def _explain_qkv(q, k, v, rank: int, layout: str, packed: bool) -> None:
+    """Raise the error that names the first thing :func:`check_qkv` refuses."""
+    for name, t in zip(("q", "k", "v"), (q, k, v)):
         if t.dim() != rank:
             _fail(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
@@ -58,8 +77,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
     check_head_dim(head_dim, f" (q shape {tuple(q.shape)})")
     check_head_dim(v.shape[-1], f" (v's head_dim, v shape {tuple(v.shape)})")
     heads, kv_heads = q.shape[-2], k.shape[-2]
-    if kv_heads == 0 or heads % kv_heads != 0:
-        _fail(f"k/v heads must divide q heads (GQA/MQA), got {heads} q heads and {kv_heads} kv heads")
+    _fail(f"k/v heads must divide q heads (GQA/MQA), got {heads} q heads and {kv_heads} kv heads")
 
 
 def check_head_dim(head_dim: int, where: str = "") -> None:
@@ -71,7 +89,21 @@ def check_head_dim(head_dim: int, where: str = "") -> None:
 
 
 def _is_real(x) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+    """A Python int or float (not a bool), or a NumPy real scalar: what the kernels' fp32 parameters and torch's
+    ops take. Other ``numbers.Real`` types (``Fraction``) would reach torch and fail there."""
+    if type(x) is float or type(x) is int:  # the common case, without the numbers.Real ABC's isinstance
+        return True
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, (int, float)) or (isinstance(x, numbers.Real) and type(x).__module__ == "numpy")
+
+
+def _fp32_magnitude(x) -> float:
+    """``abs(x)`` as a float, inf past float64's range (a huge Python int cannot become a float)."""
+    try:
+        return abs(float(x))
+    except OverflowError:
+        return math.inf
 
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
@@ -93,12 +125,12 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
         if not _is_real(softmax_scale):
             got = f"{type(softmax_scale).__name__} {softmax_scale!r}"
             raise TypeError(f"softmax_scale must be a float or None, got {got}")
-        if not math.isfinite(softmax_scale) or abs(softmax_scale) > _FLOAT32_MAX:
+        if not _fp32_magnitude(softmax_scale) <= _FLOAT32_MAX:  # NaN fails too
             _fail(f"softmax_scale must be finite in fp32 (None = 1/sqrt(head_dim)), got {softmax_scale}")
     if softcap is not None:
         if not _is_real(softcap):
             raise TypeError(f"softcap must be a float or None, got {type(softcap).__name__} {softcap!r}")
-        if math.isnan(softcap) or softcap < 0:
+        if not softcap >= 0:  # NaN fails too (an int compares exactly, however large)
             _fail(f"softcap must be >= 0 (0, None or inf = no cap), got {softcap}")
     if window is not None:
         if not (isinstance(window, (tuple, list)) and len(window) == 2):
@@ -117,7 +149,7 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
                 ) from None
             if not -_INT32_MAX <= operator.index(value) <= _INT32_MAX:
                 _fail(f"window {side} must fit int32 (-1/None = unbounded), got {value} in window={window!r}")
-    return softcap if softcap and softcap <= _FLOAT32_MAX else None
+    return float(softcap) if softcap and softcap <= _FLOAT32_MAX else None
 
 
 # ------------------------------------------------------------------------------------ table structure
@@ -167,6 +199,26 @@ def check_int_vector(t, name: str, length: int, device: torch.device) -> None:
     _check_table_device(t, name, device)
 
 
+def check_writable_pool(pool: torch.Tensor, name: str) -> None:
+    """A KV pool that can be written in place, row by row: no two elements share memory (an expanded,
+    stride-0 pool would take every row's write in one place), not a leaf that requires grad while grad mode is
+    on, not an inference tensor outside ``torch.inference_mode``. Checked for both pools before either is
+    written, so a refused call changes nothing."""
+    dims = sorted((stride, size) for stride, size in zip(pool.stride(), pool.shape) if size > 1)
+    span = 1
+    for stride, size in dims:  # each dim must step past everything the smaller strides reach
+        if stride < span:
+            _fail(f"{name} must not overlap itself (an expanded or stride-0 view takes every row's write in one "
+                  f"place), got shape {tuple(pool.shape)} with strides {pool.stride()}")  # fmt: skip
+        span = stride * size
+    if pool.requires_grad and torch.is_grad_enabled():
+        _fail(f"{name} requires grad: a KV pool is written in place; allocate it without requires_grad or call "
+              "under torch.no_grad() / torch.inference_mode()")  # fmt: skip
+    if pool.is_inference() and not torch.is_inference_mode_enabled():
+        _fail(f"{name} was created under torch.inference_mode() and can only be written inside it (torch "
+              "refuses in-place updates of inference tensors elsewhere)")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------ table contents
 
 
@@ -208,14 +260,15 @@ def _check_cu_values(cu: list[int], name: str, total: int, rows: str) -> None:
         _fail(f"{name} ends at {cu[-1]} but {rows} has only {total} rows (values {_quote(cu)})")
 
 
-def check_varlen_contents(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k) -> None:
+def check_varlen_contents(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k,
+                          keys_name: str = "k") -> None:  # fmt: skip
     """``cu_seqlens_*`` start at 0, never decrease and end within q/k's rows (rows past the end are
     padding that belongs to no sequence), and ``max_seqlen_*`` bound every sequence (the kernels
-    size their grids by them)."""
+    size their grids by them). ``keys_name``: what holds the keys' rows, as the caller's errors name it."""
     cq, ck = _to_host(cu_seqlens_q, cu_seqlens_k)
     for cu, name, total, rows, longest, max_name in (
         (cq, "cu_seqlens_q", total_q, "q", max_seqlen_q, "max_seqlen_q"),
-        (ck, "cu_seqlens_k", total_k, "k", max_seqlen_k, "max_seqlen_k"),
+        (ck, "cu_seqlens_k", total_k, keys_name, max_seqlen_k, "max_seqlen_k"),
     ):
         _check_cu_values(cu, name, total, rows)
         lengths = [b - a for a, b in zip(cu, cu[1:])]
@@ -264,8 +317,10 @@ def check_page_table_contents(page_table: torch.Tensor, seqlens: torch.Tensor, n
 # ------------------------------------------------------------------------------------ per public function
 
 
-def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs: bool) -> None:
-    """flash_attn_varlen_func's tables: structure always, contents as the module docstring says."""
+def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs: bool,
+                 keys_name: str = "k") -> None:  # fmt: skip
+    """flash_attn_varlen_func's tables: structure always, contents as the module docstring says. ``keys_name``:
+    what ``k`` is in the caller's signature (the slot function passes its ``slots``)."""
     check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.device)
     check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -278,7 +333,8 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
         except TypeError:
             raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}") from None
     if content_checks_enabled(check_inputs, cu_seqlens_q, cu_seqlens_k):
-        check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+        check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
+                              keys_name)  # fmt: skip
 
 
 def check_kvcache(q, k_cache, cache_seqlens, check_inputs: bool) -> None:

@@ -267,3 +267,29 @@ def test_unpad_plan_follows_in_place_mask_changes():
     torch.testing.assert_close(second, fresh)
     assert not torch.allclose(first[1, 3:], second[1, 3:])
     assert (second[1, :3] == 0).all()  # padded query rows are zeros
+
+
+def test_a_mask_of_another_batch_is_refused_by_name():
+    """A batch-1 mask over a batch of 2 used to leave row 1's output all zeros without an error."""
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    module = torch.nn.Module()
+    for rows in (1, 3):
+        mask = torch.ones(rows, 6, dtype=torch.bool)
+        with pytest.raises(ValueError, match=rf"the attention mask has {rows} rows .* but the batch has 2"):
+            attention_forward(module, q, k, v, mask)
+
+
+def test_packed_tables_are_checked_before_a_cast():
+    """int64 cu_seq_lens past int32 used to wrap to a valid-looking table in the backend's cast."""
+    q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    bad = torch.tensor([0, 3, 2**32 + 6])
+    with pytest.raises(ValueError, match=r"cu_seqlens_q ends at 4294967302 but q has only 6 rows"):
+        attention_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=bad, cu_seq_lens_k=bad, max_length_q=3,
+                          max_length_k=3)  # fmt: skip
+    good = torch.tensor([0, 3, 6])  # int64 tables work as they are
+    out, _ = attention_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=good, cu_seq_lens_k=good,
+                               max_length_q=3, max_length_k=3)  # fmt: skip
+    for s in (slice(0, 3), slice(3, 6)):
+        ref = torch.nn.functional.scaled_dot_product_attention(q[:, :, s], k[:, :, s], v[:, :, s], is_causal=True,
+                                                               enable_gqa=True).transpose(1, 2)  # fmt: skip
+        torch.testing.assert_close(out[:, s], ref, atol=1e-5, rtol=1e-5)

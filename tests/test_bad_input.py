@@ -2,6 +2,7 @@
 item 9), on CPU: each gets the clear error or the defined result. Layout (batch, seqlen, heads, head_dim);
 varlen (total, heads, head_dim). The CUDA side of the same contracts: tests/gpu/test_bad_tables.py."""
 
+from fractions import Fraction
 import math
 import re
 from pathlib import Path
@@ -56,6 +57,8 @@ def test_softcap_inf_means_no_cap(return_lse):
                                hfp.flash_attn_paged_decode(qp, pk, pv, table, lens))  # fmt: skip
     ref, ref_lse = attention_reference(q, k, v, causal=True, softcap=INF)  # the oracle agrees
     torch.testing.assert_close(ref, plain[0], atol=1e-5, rtol=1e-5)
+    huge = hfp.flash_attn_func(q, k, v, causal=True, softcap=10**400)  # past fp32 too: no cap, not an OverflowError
+    torch.testing.assert_close(huge, plain[0])
 
 
 @pytest.mark.parametrize(
@@ -67,6 +70,10 @@ def test_softcap_inf_means_no_cap(return_lse):
         (dict(softmax_scale=INF), ValueError, r"softmax_scale must be finite .* got inf"),
         (dict(softmax_scale=-INF), ValueError, r"softmax_scale must be finite .* got -inf"),
         (dict(softmax_scale="0.1"), TypeError, r"softmax_scale must be a float or None, got str '0.1'"),
+        # other numbers.Real types used to pass the check and fail inside torch without naming the argument
+        (dict(softmax_scale=Fraction(1, 3)), TypeError, r"softmax_scale must be a float or None, got Fraction"),
+        (dict(softcap=Fraction(3, 2)), TypeError, r"softcap must be a float or None, got Fraction"),
+        (dict(softmax_scale=10**400), ValueError, r"softmax_scale must be finite in fp32"),  # was an OverflowError
     ],
 )
 def test_nan_softcap_and_non_finite_scale_are_errors_everywhere(kwargs, error, match):

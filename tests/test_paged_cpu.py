@@ -323,3 +323,41 @@ def test_a_tuple_is_one_id_and_counts_take_numpy_integers():
     assert cache.seq_len(("req", 0)) == 2 and cache.num_free_pages == 7
     cache.append([("req", 0)], torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
     assert cache.decode(torch.randn(1, 1, 1, 8), ("req", 0)).shape == (1, 1, 1, 8)
+
+
+# ------------------------------------------------------------------ misuse found by the 2026-12-05 review
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.complex64, torch.bool])
+def test_append_refuses_rows_that_are_not_real_floats(dtype):
+    """int rows used to be cast into the pool without a word (complex ones lost their imaginary part)."""
+    cache = PagedKVCache(num_pages=2, page_size=4, kv_heads=1, head_dim=8, dtype=torch.bfloat16)
+    cache.allocate(["s"], 1)
+    rows = torch.ones(1, 1, 1, 8, dtype=dtype)
+    with pytest.raises(TypeError, match=rf"k_new must be a real floating tensor .* got {dtype}"):
+        cache.append(["s"], rows, rows)
+    assert torch.count_nonzero(cache.k_pages) == 0
+    cache.append(["s"], torch.full((1, 1, 1, 8), 2.0, dtype=torch.float64), torch.ones(1, 1, 1, 8))  # floats cast
+    assert torch.equal(cache.gather("s")[0], torch.full((1, 1, 8), 2.0, dtype=torch.bfloat16))
+
+
+def test_allocate_names_an_unhashable_id_in_a_list():
+    cache = PagedKVCache(num_pages=2, page_size=4, kv_heads=1, head_dim=8, dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"a sequence id must be hashable, got list \['x'\] in seq_ids"):
+        cache.allocate([["x"]], 1)
+    assert cache.num_free_pages == 2
+
+
+@pytest.mark.parametrize(
+    "table,lens,page_size,error,match",
+    [
+        (torch.tensor([[5.9, 0.5]]), torch.tensor([8]), 4, TypeError, "page_table must be int32 or int64, got torch.float32"),
+        (torch.tensor([[0, 1]]), torch.tensor([8.9]), 4, TypeError, "seqlens must be int32 or int64, got torch.float32"),
+        ([[0, 1]], torch.tensor([8]), 4, TypeError, "page_table must be a torch.Tensor, got list"),
+        (torch.tensor([[0, 1]]), torch.tensor([8]), 0, ValueError, "page_size must be a positive int, got 0"),
+    ],
+)
+def test_check_page_table_refuses_what_decode_refuses(table, lens, page_size, error, match):
+    """Float tables used to pass (truncated), page_size 0 raised a ZeroDivisionError."""
+    with pytest.raises(error, match=match):
+        check_page_table(table, 8, lens, page_size=page_size)

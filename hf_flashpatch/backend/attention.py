@@ -122,7 +122,7 @@ def varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, check_inputs=False, **a
         )
     out = api.flash_attn_varlen_func(
         q[0], k[0], v[0],  # (T, H, D) views
-        cu_q.to(torch.int32), cu_k.to(torch.int32), _as_int(max_q), _as_int(max_k), check_inputs=check_inputs,
+        cu_q, cu_k, _as_int(max_q), _as_int(max_k), check_inputs=check_inputs,  # int64 tables checked before a cast
         **attn,
     )  # fmt: skip
     return out[None]  # (1, T_q, H, D)
@@ -278,9 +278,17 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             f"mask function, got shape {tuple(attention_mask.shape)}; a 4-D mask means the model built it "
             "itself, which this backend cannot honour (use 'sdpa' for such a model)"
         )
+    if attention_mask is not None and attention_mask.shape[0] != query.shape[0]:
+        raise ValueError(
+            f"the attention mask has {attention_mask.shape[0]} rows (shape {tuple(attention_mask.shape)}, (batch, "
+            f"seqlen)) but the batch has {query.shape[0]} (query shape {tuple(query.shape)}, (batch, heads, seqlen, "
+            "head_dim)); pass one mask row per sequence"
+        )
     dtype = common_dtype(module, query, key, value)
     # (B, S_q, H, D) and (B, S_k, H_kv, D) views; a cast only where needed (every op costs host time per layer)
-    q, k, v = (t.transpose(1, 2) if t.dtype == dtype else t.transpose(1, 2).to(dtype) for t in (query, key, value))
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if not (q.dtype == k.dtype == v.dtype == dtype):
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     attn = dict(causal=bool(causal), softmax_scale=scaling, window=window_from_sliding(sliding_window, bool(causal)),
                 softcap=softcap, sinks=unsupported.sink_logits(kwargs))  # fmt: skip
@@ -313,7 +321,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = varlen_packed_row(q, k, v, cu_q, cu_k, max_q, max_k, check_inputs=bool(first_use), **attn)
     elif attention_mask is not None:
         out = unpadded_attention(q, k, v, attention_mask, layer, queries_follow_keys=attn["causal"], **attn)
-    elif position_ids is not None and once_per_forward(
+    elif position_ids is not None and batch == 1 and 1 < seqlen_q == seqlen_k and once_per_forward(
         position_ids, ("packed", batch, seqlen_q, seqlen_k), layer,
         lambda p: is_packed_row(p, batch, seqlen_q, seqlen_k),
     ):

@@ -69,7 +69,8 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
             f"decode kernel serves S_q * group <= {MAX_ROWS_PER_KV_HEAD}, got S_q={seqlen_q}, group={group}"
         )
     for name, t in (("k", k), ("v", v)):
-        if t.stride(-1) != 1 or any(s % 8 for s in t.stride()[:-1]):
+        strides = t.stride()
+        if strides[-1] != 1 or _misaligned_strides(strides):
             raise KernelUnsupported(
                 f"decode kernel needs {name} with a contiguous last dim and 16-byte aligned rows, got strides "
                 f"{t.stride()} for shape {tuple(t.shape)}"
@@ -78,10 +79,16 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
             raise KernelUnsupported(f"decode kernel needs a 16-byte aligned {name}, got address {t.data_ptr():#x}")
 
 
+def _misaligned_strides(strides: tuple[int, ...]) -> bool:
+    """True when a stride other than the last is no multiple of 8 elements (16 bytes at fp16/bf16)."""
+    return any(s % 8 for s in strides[:-1]) if len(strides) != 4 else bool(strides[0] % 8 or strides[1] % 8 or strides[2] % 8)
+
+
 def _aligned_q(q: torch.Tensor) -> torch.Tensor:
     """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed)."""
     misaligned = not torch.compiler.is_compiling() and q.data_ptr() % 16
-    if misaligned or q.stride(-1) != 1 or any(s % 8 for s in q.stride()[:-1]):
+    strides = q.stride()
+    if misaligned or strides[-1] != 1 or _misaligned_strides(strides):
         return q.contiguous()
     return q
 
