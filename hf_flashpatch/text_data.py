@@ -17,7 +17,8 @@ separated block, so ``datasets.load_dataset("text", data_files=..., sample_by="p
 row per document. Every ``eval_every``-th document is held out, so train and eval never share text.
 The files of ``auto``, ``wiki`` and ``pydoc`` live in the cache folder itself (as they always have),
 those of the other sources in a subfolder named after the source (:func:`corpus_folder`); a ``SOURCE``
-file records what was written, and a cache holding other text than the one asked for is refused.
+file, written last, records what was written: a cache holding other text than the one asked for is refused, and
+data files without it (a write a kill cut short) are written again.
 A corpus folder prepared on one machine serves on another without the packages installed.
 
 A data file the user names is checked before ``datasets`` reads it (:func:`check_data_path`): a
@@ -148,17 +149,25 @@ def cached_source(folder) -> str | None:
     return path.read_text(encoding="utf-8").strip() if path.is_file() else None
 
 
-def _serves(recorded: str | None, source: str) -> bool:
+def _serves(recorded: str, source: str) -> bool:
     """Whether cached text recorded as ``recorded`` is what ``source`` asks for."""
-    if recorded is None or source == "auto":
-        return True  # an old cache without SOURCE, or anything auto may have picked
+    if source == "auto":
+        return True  # anything auto may have picked
     return recorded.split(":")[0] == source
+
+
+def _complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole cache: ``train.txt`` and ``eval.txt`` with text, and the ``SOURCE`` that
+    :func:`write_text_corpus` writes last. Data files without it are a write a kill cut short (or left by a
+    version that wrote no ``SOURCE``): they may hold another source's text, so they are written again."""
+    return cached_source(folder) is not None and all(
+        (folder / name).is_file() and (folder / name).stat().st_size > 0 for name in ("train.txt", "eval.txt"))
 
 
 def check_corpus(source: str, cache_dir=None) -> None:
     """Raise :class:`TextDataError` when ``source`` can be neither read from the cache nor generated."""
     folder = corpus_folder(cache_dir, source)
-    cached = all((folder / name).is_file() for name in ("train.txt", "eval.txt"))
+    cached = _complete(folder)
     if cached and not _serves(cached_source(folder), source):
         raise TextDataError(f"text cache {folder} holds {cached_source(folder)!r} text, not {source!r}; "
                             "give another --text-cache or delete that folder")
@@ -177,7 +186,7 @@ def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) ->
     """
     out = Path(out_dir)
     paths = {"train": out / "train.txt", "eval": out / "eval.txt"}
-    if all(p.is_file() and p.stat().st_size > 0 for p in paths.values()):
+    if _complete(out):
         if not _serves(cached_source(out), source):
             raise TextDataError(f"text cache {out} holds {cached_source(out)!r} text, not {source!r}; "
                                 "give another cache folder or delete that one")
@@ -189,9 +198,10 @@ def write_text_corpus(out_dir, *, source: str = "auto", eval_every: int = 10) ->
     for index, doc in enumerate(docs):
         splits["eval" if index % eval_every == eval_every - 1 else "train"].append(doc)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "SOURCE").unlink(missing_ok=True)  # first: files half rewritten must not pass for the old source's
     for split, path in paths.items():
         _write_atomically(path, "\n\n".join(splits[split]) + "\n")
-    _write_atomically(out / "SOURCE", f"{used}\n")
+    _write_atomically(out / "SOURCE", f"{used}\n")  # last: it marks the cache whole
     return {split: str(p) for split, p in paths.items()}
 
 

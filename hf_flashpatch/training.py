@@ -28,7 +28,6 @@ Arguments, the model folder and the data files are checked before anything loads
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import signal
@@ -38,13 +37,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from . import checkpointing, distillation, text_data
+from . import checkpointing, distillation, run_outputs, text_data
+from .data_order import EpochShuffleSampler, PackBatchSampler, make_train_loader, own_generator, stack_rows  # noqa: F401
+from .run_outputs import TrainingOutputError
 from .train_args import TrainArgs, TrainingInputError, add_train_arguments, check_args
 
-__all__ = ["TrainArgs", "TrainingInputError", "add_train_arguments", "check_args", "evaluate_perplexity",
-           "resolve_attn_implementation", "train"]
+__all__ = ["TrainArgs", "TrainingInputError", "TrainingOutputError", "add_train_arguments", "check_args",
+           "evaluate_perplexity", "resolve_attn_implementation", "train"]
 
 # Which parameters train (names contain ".<part>."); None = all of them.
 TRAINABLE = {"all": None, "attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "kv": ("k_proj", "v_proj")}
@@ -63,48 +64,6 @@ def resolve_attn_implementation(requested: str) -> str:
         warnings.warn(f"attention backend {requested!r} is not registered with transformers; using 'sdpa'")
         return "sdpa"
     return requested
-
-
-class EpochShuffleSampler(Sampler):
-    """Indices ``0..n-1`` in an order fixed by ``(seed, epoch)``: a resumed run replays the same order."""
-
-    def __init__(self, num_items: int, seed: int, shuffle: bool = True):
-        self.num_items, self.seed, self.shuffle, self.epoch = num_items, seed, shuffle, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self):
-        return self.num_items
-
-    def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.num_items))
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.num_items, generator=generator).tolist())
-
-
-class PackBatchSampler(Sampler):
-    """Batches that are whole packs of documents (see ``text_data.flattening_batches``), pack order shuffled."""
-
-    def __init__(self, packs: list[list[int]], seed: int):
-        self.packs, self.order = packs, EpochShuffleSampler(len(packs), seed)
-        self.batch_size = 1  # accelerate shards batch samplers; one pack is one batch
-        self.drop_last = False
-
-    def set_epoch(self, epoch: int) -> None:
-        self.order.set_epoch(epoch)
-
-    def __len__(self):
-        return len(self.packs)
-
-    def __iter__(self):
-        return (self.packs[i] for i in self.order)
-
-
-def _stack_rows(rows):
-    input_ids = torch.tensor([row["input_ids"] for row in rows], dtype=torch.long)  # (B, S)
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
 
 
 @dataclass
@@ -236,19 +195,6 @@ def _datasets(args: TrainArgs, tokenizer, accelerator):
     return train, eval_rows
 
 
-def _train_loader(args: TrainArgs, train):
-    if args.packing == "fixed":
-        sampler = EpochShuffleSampler(len(train), args.seed)
-        return DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=_stack_rows,
-                          drop_last=True), sampler
-    from transformers import DataCollatorWithFlattening
-
-    packs = text_data.flattening_batches([len(ids) for ids in train["input_ids"]], args.seq_len)
-    batch_sampler = PackBatchSampler(packs, args.seed)
-    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_position_ids=True)
-    return DataLoader(train, batch_sampler=batch_sampler, collate_fn=collator), batch_sampler
-
-
 @torch.no_grad()
 def evaluate_perplexity(model, loader, accelerator=None) -> float:
     """exp(mean next-token NLL) over every predicted token of ``loader``.
@@ -328,10 +274,8 @@ def _eval_due(args: TrainArgs, step: int, max_steps: int, tokens_before: int, to
 def _write_eval_log(output: Path, run: dict, state: _State) -> None:
     """``OUTPUT/eval_log.json``: the run and every held-out measurement so far (renamed into place whole)."""
     output.mkdir(parents=True, exist_ok=True)
-    log = {"run": run, "teacher_perplexity": state.teacher_perplexity, "evals": state.evals}
-    partial = output / "eval_log.json.partial"
-    partial.write_text(json.dumps(log, indent=1), encoding="utf-8")
-    partial.replace(output / "eval_log.json")
+    run_outputs.write_json(output / "eval_log.json",
+                           {"run": run, "teacher_perplexity": state.teacher_perplexity, "evals": state.evals})
 
 
 def train(args: TrainArgs, *, on_step_end=None) -> dict:
@@ -355,6 +299,11 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     output = Path(args.output_dir)
     settings = _run_settings(args, accelerator.num_processes)
     resume_from = _resume_point(args, accelerator, output, settings)
+    if not args.resume and accelerator.is_main_process:
+        moved = run_outputs.set_aside_previous_run(output)
+        if moved:
+            accelerator.print(f"starting over: the previous run's {' and '.join(moved)} moved to "
+                              f"{output / run_outputs.PREVIOUS}")
     attn = resolve_attn_implementation(args.attn_implementation)
     model, tokenizer = _load_model(args, attn)
     try:
@@ -362,8 +311,9 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     except ValueError as error:  # a teacher whose vocabulary does not match the student's
         raise TrainingInputError(f"--teacher: {error}") from None
     train_rows, eval_rows = _datasets(args, tokenizer, accelerator)
-    train_loader, order = _train_loader(args, train_rows)
-    eval_loader = DataLoader(eval_rows, batch_size=args.eval_batch_size, collate_fn=_stack_rows)
+    train_loader, order = make_train_loader(args, train_rows)
+    eval_loader = DataLoader(eval_rows, batch_size=args.eval_batch_size, collate_fn=stack_rows,
+                             generator=own_generator(args.seed))
 
     world = accelerator.num_processes
     steps_per_epoch = len(train_loader) // world // args.grad_accum
@@ -476,7 +426,8 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
                 if interrupted or periodic:
                     state.elapsed_s += time.perf_counter() - run_start
                     run_start = time.perf_counter()
-                    checkpointing.save(accelerator, output, asdict(state))
+                    with run_outputs.writing(checkpoint):
+                        checkpointing.save(accelerator, output, asdict(state))
                 if interrupted or state.step >= max_steps:
                     break
                 if micro == (steps_per_epoch - offset) * args.grad_accum:
@@ -503,13 +454,5 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
         accelerator.print(f"interrupted at step {state.step}: checkpoint in {checkpoint}; rerun to resume")
         return report
     accelerator.wait_for_everyone()
-    final = output / "final"
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.config.use_cache = True
-    unwrapped.save_pretrained(final, is_main_process=accelerator.is_main_process,
-                              save_function=accelerator.save, state_dict=accelerator.get_state_dict(model))
-    if accelerator.is_main_process:
-        tokenizer.save_pretrained(final)
-        (output / "report.json").write_text(json.dumps(report, indent=1))
-    accelerator.wait_for_everyone()
+    run_outputs.save_final(accelerator, model, tokenizer, output, report)
     return report

@@ -18,7 +18,8 @@ import sys
 
 from accelerate import PartialState
 
-from hf_flashpatch.training import INTERRUPTED, TrainArgs, TrainingInputError, add_train_arguments, train
+from hf_flashpatch.training import (INTERRUPTED, TrainArgs, TrainingInputError, TrainingOutputError, add_train_arguments,
+                                    train)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"finetune_long.py packs with DataCollatorWithFlattening; got --packing {args.packing}")
     try:
         report = train(args)
-    except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
+    except (TrainingInputError, TrainingOutputError) as error:  # a wrong argument, model, data file or resume, or
+        # an output folder that cannot be written: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     status = INTERRUPTED if report["interrupted"] else 0  # a stopped run is not a finished one (no final/)
     if not PartialState().is_main_process:

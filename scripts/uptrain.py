@@ -15,7 +15,10 @@
     python scripts/uptrain.py --model ./smollm2-mqa --teacher smollm2 --output-dir runs/control --control ...
 
 Rerunning the same command after an interrupt (Ctrl-C, SIGTERM, a crash or kill, even mid-save) resumes
-from the last complete checkpoint in OUTPUT with nothing lost; ``--no-resume`` starts over. An interrupted
+from the last complete checkpoint in OUTPUT with nothing lost (dropout included: the same masks as an uninterrupted
+run); ``OUTPUT/final`` and ``report.json`` are replaced whole, never half written; ``--no-resume`` starts over,
+moving a previous run's ``final`` and ``report.json`` to ``OUTPUT/previous_run``. A full disk is one line naming
+the path (exit status 2), the last complete checkpoint kept. An interrupted
 run exits with status 130 after its checkpoint (a finished one with 0). A resume with another ``--seq-len``,
 ``--batch-size``, ``--grad-accum``, ``--seed``, ``--data``, ``--source`` or ``--max-train-docs`` is refused, and
 so is one with another ``--teacher`` (the teacher is not saved in the checkpoint, only named, and reloaded),
@@ -35,7 +38,8 @@ import sys
 from accelerate import PartialState
 
 from hf_flashpatch.cli import ArgumentParser
-from hf_flashpatch.training import INTERRUPTED, TrainArgs, TrainingInputError, add_train_arguments, train
+from hf_flashpatch.training import (INTERRUPTED, TrainArgs, TrainingInputError, TrainingOutputError, add_train_arguments,
+                                    train)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = TrainArgs(**vars(parser.parse_args(argv)))
     try:
         report = train(args)
-    except TrainingInputError as error:  # a wrong argument, model, data file or resume: one line, no traceback
+    except (TrainingInputError, TrainingOutputError) as error:  # a wrong argument, model, data file or resume, or
+        # an output folder that cannot be written: one line, no traceback
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     status = INTERRUPTED if report["interrupted"] else 0  # a stopped run is not a finished one (no final/)
     if not PartialState().is_main_process:

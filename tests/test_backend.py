@@ -234,8 +234,11 @@ def test_sinks_without_an_eager_function_are_refused_by_name():
         attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(4, 2))
 
 
-def test_four_dimensional_mask_takes_the_torch_fallback():
+def test_four_dimensional_mask_takes_the_torch_fallback(monkeypatch):
     """A 4-D mask the model built itself is honoured as given (transformers' sdpa with that mask)."""
+    from hf_flashpatch.backend import unsupported
+
+    monkeypatch.setattr(unsupported, "_warned", set())  # one warning per reason and process: this test's own
     q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True

@@ -323,3 +323,14 @@ def test_external_sigkill_while_reconverting_smollm2(tmp_path):
     assert snapshot(dst) == before and kv_heads(dst) == 3
     assert main(["smollm2", str(dst), "--kv-heads", "1", "--overwrite", "--calibration-tokens", "1024"]) == 0
     assert kv_heads(dst) == 1 and leftovers(dst) == []
+
+
+def test_a_count_the_config_refuses_makes_no_folder_and_loads_no_model(tmp_path, monkeypatch):
+    """The refusal came after the model load (30 s for SmolLM2), and the destination's parents were made first."""
+    import hf_flashpatch.convert as convert_module
+
+    tiny_model("llama", heads=8, kv_heads=4).save_pretrained(tmp_path / "src")
+    monkeypatch.setattr(convert_module, "_load_source", lambda *args: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match=r"num_key_value_heads=3 must divide the current 4 KV heads"):
+        convert_checkpoint(str(tmp_path / "src"), str(tmp_path / "new" / "deeper" / "out"), 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -68,3 +68,42 @@ def test_a_utf8_character_cut_by_a_read_chunk_is_fine(tmp_path):
     path.write_bytes(path.read_bytes() + b"\xff")
     with pytest.raises(text_data.TextDataError, match=f"invalid start byte at byte {(1 << 20) + 19}"):
         text_data.check_data_path(path)
+
+
+def test_a_cache_killed_before_its_source_record_is_written_again(tmp_path, monkeypatch):
+    """A kill between the data files' renames and SOURCE's left pydoc text that a later run asking for wiki
+    trained on without a word (a cache without SOURCE used to serve any source)."""
+    monkeypatch.setattr(text_data, "documents", lambda source="auto": ("pydoc", [f"pydoc {i}" for i in range(20)]))
+    text_data.write_text_corpus(tmp_path, source="pydoc")
+    (tmp_path / "SOURCE").unlink()  # where the kill left it
+    monkeypatch.setattr(text_data, "documents", lambda source="auto": ("wiki", [f"wiki {i}" for i in range(20)]))
+    monkeypatch.setattr(text_data, "is_installed", lambda source: True)
+    text_data.check_corpus("wiki", tmp_path)  # incomplete, not "another source": it will be written
+    files = text_data.write_text_corpus(tmp_path, source="wiki")
+    assert open(files["train"], encoding="utf-8").read().startswith("wiki 0")
+    assert text_data.cached_source(tmp_path) == "wiki"
+    with pytest.raises(text_data.TextDataError, match="holds 'wiki' text, not 'pydoc'"):  # whole now: refused
+        text_data.check_corpus("pydoc", tmp_path)
+
+
+def test_a_rewrite_drops_the_old_source_record_before_touching_the_files(tmp_path, monkeypatch):
+    """Killed after the new train.txt, the cache must not read as the old source's (train new, eval old)."""
+    monkeypatch.setattr(text_data, "documents", lambda source="auto": ("pydoc", [f"pydoc {i}" for i in range(20)]))
+    text_data.write_text_corpus(tmp_path, source="pydoc")
+    (tmp_path / "eval.txt").unlink()  # a cache missing a file is rewritten
+
+    class Killed(BaseException):
+        pass
+
+    real_replace = os.replace
+
+    def die_after_train(src, dst, *args, **kwargs):
+        real_replace(src, dst, *args, **kwargs)
+        if str(dst).endswith("train.txt"):
+            raise Killed
+
+    monkeypatch.setattr(os, "replace", die_after_train)
+    with pytest.raises(Killed):
+        text_data.write_text_corpus(tmp_path, source="pydoc")
+    monkeypatch.undo()
+    assert text_data.cached_source(tmp_path) is None and not text_data._complete(tmp_path)

@@ -351,3 +351,110 @@ def test_an_interrupted_run_exits_130_not_0(tiny_checkpoint, text_cache, tmp_pat
     monkeypatch.setattr(hf_flashpatch.training, "train", real)
     assert runpy.run_path(str(ROOT / "scripts" / script))["main"](argv) == 0  # the rerun resumes and finishes
     assert (tmp_path / "run" / "final").is_dir()
+
+
+# ------------------------------------------------------------------ found by the 2026-12-05 review
+
+
+@pytest.fixture(scope="module")
+def dropout_checkpoint(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The tiny Llama with attention dropout 0.2 (trained with the eager backend: ours has no dropout)."""
+    out = tmp_path_factory.mktemp("tiny_dropout")
+    shutil.copytree(tiny_checkpoint, out, dirs_exist_ok=True)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"attention_dropout": 0.2}))
+    return out
+
+
+def test_a_run_with_dropout_resumed_mid_epoch_matches_one_never_killed(dropout_checkpoint, text_cache, tmp_path):
+    """The loader's iterator, made after the restored RNG state, drew its seed from the global generator: the
+    dropout masks after a resume differed from the uninterrupted run's (losses apart from the first step on)."""
+    from safetensors.torch import load_file
+
+    settings = dict(attn_implementation="eager", max_train_docs=4, max_steps=6)
+    reference = train(run_args(dropout_checkpoint, text_cache, tmp_path / "whole", **settings))
+    args = run_args(dropout_checkpoint, text_cache, tmp_path / "run", **settings)
+
+    def kill_at_step_4(step, loss):
+        if step == 4:  # the checkpoint of step 3 is the resume point
+            raise SimulatedKill("step 4")
+
+    with pytest.raises(SimulatedKill):
+        train(args, on_step_end=kill_at_step_4)
+    steps = []
+    resumed = train(args, on_step_end=lambda step, loss: steps.append(step))
+    assert steps[0] == 4 and resumed["losses"] == reference["losses"]
+    whole, again = load_file(tmp_path / "whole" / "final" / "model.safetensors"), \
+        load_file(tmp_path / "run" / "final" / "model.safetensors")
+    assert all(torch.equal(whole[k], again[k]) for k in whole)
+
+
+def test_a_kill_while_final_is_written_leaves_the_previous_final_whole(tiny_checkpoint, text_cache, tmp_path,
+                                                                     monkeypatch):  # fmt: skip
+    """final/ was written in place: a kill mid-save left truncated weights (or old and new shards mixed) that
+    from_pretrained read, beside a report.json of the earlier run."""
+    from safetensors.torch import load_file
+    from transformers import PreTrainedModel
+
+    output = tmp_path / "run"
+    first = train(run_args(tiny_checkpoint, text_cache, output, max_steps=2))
+    before = load_file(output / "final" / "model.safetensors")
+    real_save = PreTrainedModel.save_pretrained
+
+    def save_half_then_die(self, folder, *args, **kwargs):
+        real_save(self, folder, *args, **kwargs)
+        weights = Path(folder) / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        raise SimulatedKill("mid weights")
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", save_half_then_die)
+    with pytest.raises(SimulatedKill):
+        train(run_args(tiny_checkpoint, text_cache, output, max_steps=3))  # resumes at 2, trains step 3, saves
+    monkeypatch.undo()
+    after = load_file(output / "final" / "model.safetensors")  # readable: the previous final, whole
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((output / "report.json").read_text())["steps"] == first["steps"] == 2
+    assert (output / "final" / "tokenizer.json").is_file()
+    report = train(run_args(tiny_checkpoint, text_cache, output, max_steps=3))  # the rerun finishes the job
+    assert report["steps"] == 3 and json.loads((output / "report.json").read_text())["steps"] == 3
+
+
+def test_starting_over_sets_the_previous_runs_results_aside(tiny_checkpoint, text_cache, tmp_path):
+    """--no-resume left the old final/ and report.json beside the new run's checkpoint: a finished-looking folder."""
+    output = tmp_path / "run"
+    train(run_args(tiny_checkpoint, text_cache, output, max_steps=2))
+
+    def stop_at_once(step, loss):
+        raise SimulatedKill("step 1")
+
+    with pytest.raises(SimulatedKill):
+        train(run_args(tiny_checkpoint, text_cache, output, max_steps=2, resume=False, seed=1), on_step_end=stop_at_once)
+    assert not (output / "final").exists() and not (output / "report.json").exists()
+    previous = output / "previous_run"
+    assert json.loads((previous / "report.json").read_text())["steps"] == 2
+    assert (previous / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "torch zip writer"])
+def test_a_full_disk_is_one_line_naming_the_path(tiny_checkpoint, text_cache, tmp_path, monkeypatch, capsys, failure):
+    """A full disk ended the run in a two-part traceback ('unexpected pos 499648 vs 499536'), no path, no cause."""
+    import errno
+
+    from accelerate import Accelerator
+
+    from hf_flashpatch import run_outputs
+
+    def full(self, output_dir=None, **kwargs):
+        if failure == "ENOSPC":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 499648 vs 499536")
+
+    monkeypatch.setattr(Accelerator, "save_state", full)
+    monkeypatch.setattr(run_outputs, "_free_bytes", lambda path: 12 * 2**20)
+    output = tmp_path / "run"
+    line = run_uptrain(["--model", str(tiny_checkpoint), "--output-dir", str(output), "--source", "pydoc",
+                        "--text-cache", text_cache, "--max-train-docs", "1", "--seq-len", "32", "--batch-size", "1",
+                        "--max-steps", "2", "--save-every", "1", "--eval-sequences", "1", "--eval-batch-size", "1"],
+                       capsys)  # fmt: skip
+    assert f"cannot write {output / 'checkpoint'}: no space left on the device (12 MiB free)" in line
+    assert "rerun to resume" in line

@@ -65,8 +65,9 @@ def check_unsupported(module, dropout: float, kwargs: dict) -> None:
     if dropout and dropout > 0.0:
         raise UnsupportedAttentionFeature(
             f"hf_flashpatch's attention backend has no attention dropout, got dropout={dropout} "
-            f"(module {type(module).__name__} in training mode); set config.attention_dropout=0.0, call "
-            "model.eval(), or train with attn_implementation='sdpa'"
+            f"(module {type(module).__name__} in training mode); load the model with its attention dropout at 0 "
+            "(e.g. from_pretrained(path, attention_dropout=0.0), attn_pdrop for GPT-2: the modules read it when "
+            "they are built), call model.eval(), or train with attn_implementation='sdpa'"
         )
 
 

@@ -39,15 +39,18 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
     reason = reads_4d_mask_reason(config)
     if reason is not None:  # from_pretrained(attn_implementation=...) reaches here without patch()'s check
         raise UnsupportedModel(f"hf_flashpatch cannot serve this model: {reason}; use attn_implementation='sdpa'")
-    if getattr(config, "attention_chunk_size", None) is not None:
-        # chunked attention (Llama 4) lives only in the mask: hand over transformers' own 4-D mask, which the
-        # attention function serves through its documented torch fallback
+    # transformers' bidirectional masks (encoders, cross-attention) pass this flag; its causal masks do not.
+    bidirectional = "allow_is_bidirectional_skip" in kwargs
+    if getattr(config, "attention_chunk_size", None) is not None or (
+            not bidirectional and only_the_4d_mask_says_it(config, kwargs.get("mask_function"), kwargs)):
+        # What lives only in the mask (chunked attention, an overlay, causality the modules do not state): hand
+        # over transformers' own 4-D mask, which the attention function serves through its documented torch
+        # fallback (one warning)
         from transformers.masking_utils import sdpa_mask
 
         return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                         kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)  # fmt: skip
-    # transformers' bidirectional masks (encoders, cross-attention) pass this flag; its causal masks do not.
-    bidirectional = "allow_is_bidirectional_skip" in kwargs
+                         kv_offset=kv_offset, attention_mask=attention_mask,
+                         **(kwargs | {"allow_is_causal_skip": False}))  # None would mean "use is_causal": fmt: skip
     if torch.compiler.is_compiling() or not isinstance(q_offset, int):
         return traced_key_mask(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask,
                                kwargs.get("device"), bidirectional)  # fmt: skip
@@ -62,6 +65,39 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
         if 0 < written < kv_length:
             mask = torch.ones(batch_size, written, dtype=torch.bool, device=kwargs.get("device"))
     return mask
+
+
+# Decoders whose self-attention modules say ``is_causal=False``: their causality lives only in the mask that
+# create_causal_mask builds (transformers gives them no flash-attention support, or, PEGASUS-X, one that reads
+# the same flag). A None or 2-D mask would let every position see the future.
+CAUSAL_ONLY_IN_MASK = frozenset({"nllb-moe", "pegasus_x", "informer"})
+
+
+def _or_mask_code():
+    """The code object every closure ``transformers.masking_utils.or_masks`` returns shares (an identity test
+    ``torch.compile`` traces, where a name's ``startswith`` breaks the graph)."""
+    from transformers.masking_utils import causal_mask_function, or_masks
+
+    return or_masks(causal_mask_function).__code__
+
+
+_OR_MASK_CODE = _or_mask_code()
+
+
+def only_the_4d_mask_says_it(config, mask_function, kwargs) -> bool:
+    """Whether a causal mask carries what a None or 2-D key-padding mask cannot: an ``or_mask_function`` or block
+    overlay (bidirectional attention over image tokens: Gemma 3, PaliGemma; both build ``or_masks``), an
+    ``and_mask_function`` (transformers marks both custom functions with ``use_vmap``), or the causality of a
+    model in :data:`CAUSAL_ONLY_IN_MASK`. Packed sequences (an ``and_masks`` of transformers' own, no
+    ``use_vmap``) stay ours: the attention reads them off ``position_ids``. So do models built with
+    ``use_bidirectional_attention`` (EmbeddingGemma): their overlay makes the whole mask bidirectional, which
+    their modules state (``is_causal=False``, the window in ``sliding_window``)."""
+    if getattr(config, "use_bidirectional_attention", False) and getattr(config, "model_type", None) not in \
+            CAUSAL_ONLY_IN_MASK:
+        return False
+    if getattr(config, "model_type", None) in CAUSAL_ONLY_IN_MASK or kwargs.get("use_vmap"):
+        return True
+    return getattr(mask_function, "__code__", None) is _OR_MASK_CODE  # a closure of or_masks (block overlays)
 
 
 def traced_key_mask(batch_size: int, q_length: int, kv_length: int, q_offset, kv_offset, attention_mask, device,

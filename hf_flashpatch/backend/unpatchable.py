@@ -29,6 +29,7 @@ _INTERFACE_MARK = "ALL_ATTENTION_FUNCTIONS"
 
 # model_type -> what the model reads from the 4-D mask
 READS_4D_MASK = {
+    "bigbird_pegasus": "its encoder adds the mask to its scores",
     "doge": "dynamic mask",
     "git": "image-text attention",
     "deepseek_v4": "compressed-attention block bias",
