@@ -390,11 +390,13 @@ def _kv_append_torch(k_new, v_new, k_pool, v_pool, slots) -> None:
         return
     slots = slots.long()
     keep = (slots >= 0) & (slots < k_pool.shape[0])  # (T,)
-    anchor = keep.int().argmax()  # () first kept row, 0 when none
-    anchor_slot = torch.where(keep[anchor], slots[anchor], 0)  # ()
+    anchor = keep.int().argmax().view(1)  # (1,) first kept row, 0 when none; index_select keeps it on the device
+    anchor_kept = keep.index_select(0, anchor)  # (1,)
+    anchor_slot = torch.where(anchor_kept, slots.index_select(0, anchor), 0)  # (1,)
     index = torch.where(keep, slots, anchor_slot)  # (T,)
     for new, pool in ((k_new, k_pool), (v_new, v_pool)):
-        anchor_row = torch.where(keep[anchor], new[anchor], pool[anchor_slot])  # (H_kv, D)
+        anchor_row = torch.where(anchor_kept[:, None, None], new.index_select(0, anchor),
+                                 pool.index_select(0, anchor_slot))  # (1, H_kv, D)  fmt: skip
         pool.index_put_((index,), torch.where(keep[:, None, None], new, anchor_row))  # (T, H_kv, D) rows
 
 

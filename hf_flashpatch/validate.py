@@ -211,6 +211,8 @@ def check_writable_pool(pool: torch.Tensor, name: str) -> None:
             _fail(f"{name} must not overlap itself (an expanded or stride-0 view takes every row's write in one "
                   f"place), got shape {tuple(pool.shape)} with strides {pool.stride()}")  # fmt: skip
         span = stride * size
+    if torch.compiler.is_compiling():  # dynamo traces neither flag; the compiled graph's own checks hold there
+        return
     if pool.requires_grad and torch.is_grad_enabled():
         _fail(f"{name} requires grad: a KV pool is written in place; allocate it without requires_grad or call "
               "under torch.no_grad() / torch.inference_mode()")  # fmt: skip

@@ -305,3 +305,13 @@ def test_generate_batch_with_sinks_on_the_block_table_route(api_calls, monkeypat
     for prompt, tokens in zip(PROMPTS, got):
         alone = greedy(model, torch.tensor([prompt]), torch.ones(1, len(prompt), dtype=torch.long))
         assert alone[0, len(prompt):].tolist() == tokens
+
+
+def test_generate_batch_with_a_head_dim_past_the_kernels(route):
+    """Head dim 320: every request FAILED ('head_dim must be in 1..256') on transformers 5.17, and after its
+    prefill on the >= 5.23 pool route, where paged|sdpa and plain generate serve it. Now transformers' sdpa serves
+    it, with one warning, on every route."""
+    ours, ref = twin_models("llama", head_dim=320)
+    got = batch_generate(ours)
+    assert all(len(tokens) == NEW_TOKENS for tokens in got)
+    assert got == batch_generate(ref)

@@ -153,3 +153,18 @@ def test_slot_varlen_names_slots_where_its_table_is_short():
     cu_q, cu_k = torch.tensor([0, 2, 4], dtype=torch.int32), torch.tensor([0, 4, 9], dtype=torch.int32)
     with pytest.raises(ValueError, match="cu_seqlens_k ends at 9 but slots has only 5 rows"):
         api.flash_attn_slot_varlen_func(torch.randn(4, 2, 8), pool, pool, torch.arange(5), cu_q, cu_k, 2, 5)
+
+
+def test_kv_append_traces_into_one_graph():
+    """The torch path indexed with a 0-d device tensor, a data-dependent value torch.compile(fullgraph=True)
+    could not trace; the pool checks asked tensor.is_inference(), which dynamo does not trace either."""
+    def append(new, k_pool, v_pool, slots):
+        api.kv_append(new, new * 2, k_pool, v_pool, slots, check_inputs=False)
+        return k_pool, v_pool
+
+    compiled = torch.compile(append, fullgraph=True, backend="eager")
+    new = torch.randn(2, 2, 4)
+    for slots in ([1, 3], [-1, 5], [-1, -1], [7, 7]):
+        got = compiled(new, torch.zeros(8, 2, 4), torch.zeros(8, 2, 4), torch.tensor(slots))
+        want = append(new, torch.zeros(8, 2, 4), torch.zeros(8, 2, 4), torch.tensor(slots))
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), slots

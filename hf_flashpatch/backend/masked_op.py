@@ -157,9 +157,10 @@ def masked_attention(q, k, v, key_mask, *, causal, softmax_scale, window, softca
 
 def _plain(key_mask: torch.Tensor, segments: Optional[torch.Tensor]) -> bool:
     """Whether the kernels' batched call computes the same: every key real, one sequence a row (a host read)."""
+    plain = key_mask.all()
     if segments is not None:
-        return bool(segments[:, -1].max() <= 1)
-    return bool(key_mask.all())
+        plain = plain & (segments[:, -1].max() <= 1)
+    return bool(plain)
 
 
 def _forward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validate import MAX_HEAD_DIM
 from . import paged_kernel
 from . import unsupported
 from .attention import (
@@ -91,6 +92,14 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
         write_index=kwargs["write_index"],
     )
     dtype = common_dtype(module, query, k_all, v_all)  # the pool may be stored in another dtype than q
+    if max(query.shape[-1], v_all.shape[-1]) > MAX_HEAD_DIM:  # no kernel or API call takes it: transformers' sdpa
+        # over the gathered keys, the packed sequences and the window as a dense mask (one warning)
+        return unsupported.fallback_attention(
+            module, query.to(dtype), k_all.to(dtype).transpose(0, 1)[None], v_all.to(dtype).transpose(0, 1)[None],
+            None, dropout=dropout, scaling=scaling, sliding_window=sliding, softcap=kwargs.get("softcap"),
+            is_causal=True, reason=unsupported.HEAD_DIM, cu_seq_lens_q=cu_q, cu_seq_lens_k=cu_k,
+            **{name: kwargs[name] for name in ("s_aux", "sinks") if kwargs.get(name) is not None},
+        )  # fmt: skip  (1, T_q, H, D)
     q = query.transpose(1, 2).to(dtype)  # (1, T_q, H, D) view
     k_all, v_all = k_all.to(dtype), v_all.to(dtype)
     out = varlen_packed_row(

@@ -43,6 +43,7 @@ import torch
 
 from .. import api  # called as api.<fn> so that a monkeypatched function is seen (tests count calls)
 from ..kernels import kernels_unavailable_reason
+from ..validate import MAX_HEAD_DIM
 from . import unsupported
 from .attention import once_per_forward
 
@@ -64,6 +65,8 @@ def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs
     ``(1, H, T_q, D)``, value ``(1, H_kv, T_new, D_v)``."""
     if value.shape[-1] != query.shape[-1]:
         return f"a value head dim of its own ({value.shape[-1]}, query/key {query.shape[-1]}): the pool keeps one"
+    if query.shape[-1] > MAX_HEAD_DIM:
+        return f"head dim {query.shape[-1]} (the kernels take up to {MAX_HEAD_DIM})"
     cache = kwargs.get("cache")
     if cache is None or not hasattr(cache, "layer_index_to_group_indices") or not hasattr(cache, "key_cache"):
         return f"a cache without the per-group pool layout of transformers 5.17 ({type(cache).__name__})"
@@ -120,6 +123,10 @@ def block_table_route_unavailable(config=None) -> str | None:
     if getattr(config, "kv_lora_rank", None) is not None:
         return (f"multi-head latent attention (kv_lora_rank={config.kv_lora_rank}, v_head_dim="
                 f"{getattr(config, 'v_head_dim', None)}): its cache holds latents and V has a head dim of its own")
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim > MAX_HEAD_DIM:  # every call takes transformers' sdpa (attention_forward's)
+        return f"head dim {head_dim} (the kernels take up to {MAX_HEAD_DIM})"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return kernels_unavailable_reason(torch.empty(0, device=device))
 

@@ -13,10 +13,15 @@ What runs (the mask comes from :func:`.masks.key_padding_mask`, which under comp
 - no mask: the batched kernel (one new query token over a cache: the decode kernel). A batch-1 row with
   ``position_ids`` may hold several packed sequences: :mod:`.masked_op`'s op reads at run time whether it
   does, and runs the batched kernel or the exact masked path below;
-- a mask and at most :data:`DECODE_MAX_QUERIES` query tokens without gradients (``generate`` with a
-  static cache): the decode kernel, row ``b`` seeing keys ``[first real key, last real key]`` of its mask
-  (left padding and the unwritten tail of a static cache). Like transformers' flash-attention
-  integration this assumes each row's real tokens are contiguous (left or right padding);
+- a mask, at most :data:`DECODE_MAX_QUERIES` query tokens over a longer cache, no gradients (the decode steps
+  of ``generate`` with a static cache): the decode kernel, row ``b`` seeing keys ``[first real key, last real
+  key]`` of its mask (left padding and the unwritten tail of a static cache). Like transformers'
+  flash-attention integration this assumes each row's real tokens are contiguous: left padding (a right-padded
+  prompt puts its pads between the prompt and the new tokens). A call whose queries are all its keys (no cache)
+  takes the masked op below, whatever its length: right padding puts its real queries first;
+- a mask over a batch-1 row that also carries packing (``cu_seq_lens_*``, or ``position_ids`` that may restart):
+  the masked op with the row's segments, as the eager path, which drops a mask whose keys are all real and
+  packs;
 - a mask otherwise (prefill over a static cache, padded training batches): :mod:`.masked_op`'s op reads at
   run time whether every key is real, and runs the batched kernel or
   :func:`~.masked_op.masked_attention_with_lse`, the exact dense torch computation of the eager path's
@@ -56,6 +61,10 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
     """Attention under ``torch.compile`` (see the module docstring). q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``,
     v ``(B, S_k, H_kv, D_v)``; ``packed`` = ``(cu_q, cu_k, max_q, max_k)`` or None. -> ``(B, S_q, H, D_v)``."""
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    if attention_mask is not None and batch == 1 and seqlen_q == seqlen_k > 1:
+        segments = _packed_segments(packed, position_ids, seqlen_q, q.device)
+        if segments is not None:
+            return _masked(q, k, v, attention_mask.to(torch.bool), segments, attn)
     if packed is not None and attention_mask is None:
         cu_q, cu_k, max_q, max_k = packed
         max_q = max_q if isinstance(max_q, int) else q.shape[1]  # static upper bounds: they only size the grid
@@ -68,14 +77,13 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
         ), attn)  # fmt: skip
         return out[None]  # (1, T_q, H, D_v)
     if attention_mask is None:
-        if position_ids is not None and batch == 1 and seqlen_q == seqlen_k > 1 and position_ids.dim() == 2:
-            flat = position_ids.reshape(1, -1)  # (1, S)
-            starts = (flat == flat.amin()) | (torch.arange(seqlen_q, device=flat.device) == 0)  # (1, S)
-            segments = starts.long().cumsum(-1)  # (1, S): a new sequence at the row's start and where positions restart
-            return _masked(q, k, v, torch.ones_like(flat, dtype=torch.bool), segments, attn)
+        if batch == 1 and seqlen_q == seqlen_k > 1:
+            segments = _packed_segments(None, position_ids, seqlen_q, q.device)
+            if segments is not None:
+                return _masked(q, k, v, torch.ones_like(segments, dtype=torch.bool), segments, attn)
         return _kernel(q, k, v, attn, differentiable)
     key_mask = attention_mask.to(torch.bool)  # (B, S_k)
-    if not differentiable and seqlen_q <= DECODE_MAX_QUERIES:
+    if not differentiable and seqlen_q <= DECODE_MAX_QUERIES and seqlen_q < seqlen_k:
         starts, ends = key_range(key_mask)
         left, right = normalize_window(attn["window"], attn["causal"])
         out, _ = _with_sinks(api.decode_op(
@@ -84,6 +92,20 @@ def traced_attention(q, k, v, attention_mask, position_ids, packed, attn, differ
         ), attn)  # fmt: skip
         return out
     return _masked(q, k, v, key_mask, None, attn)
+
+
+def _packed_segments(packed, position_ids, seqlen: int, device):
+    """``(1, S)`` sequence numbers (from 1) of a batch-1 row: from ``cu_seq_lens_q`` when given (tokens past its
+    end form one more segment), else from ``position_ids`` (a new sequence at the row's start and wherever the
+    positions restart at their minimum); None when neither is there."""
+    if packed is not None:
+        cu = packed[0].to(device=device, dtype=torch.long)  # (num_seqs + 1,)
+        return (torch.searchsorted(cu[1:], torch.arange(seqlen, device=device), right=True) + 1)[None]
+    if position_ids is None or position_ids.dim() != 2 or position_ids.shape[-1] != seqlen:
+        return None
+    flat = position_ids.reshape(1, -1)  # (1, S)
+    starts = (flat == flat.amin()) | (torch.arange(seqlen, device=flat.device) == 0)  # (1, S)
+    return starts.long().cumsum(-1)  # (1, S)
 
 
 def _masked(q, k, v, key_mask, segments, attn):
