@@ -325,7 +325,6 @@ def expand_kv_heads(model: nn.Module, num_key_value_heads: int) -> nn.Module:
     """
     config = model.config
     kv_heads = config.num_key_value_heads or config.num_attention_heads
-    check_convertible(config, kv_heads)  # the architectures the converter knows, a positive int count
     if not isinstance(num_key_value_heads, int) or isinstance(num_key_value_heads, bool) or num_key_value_heads < 1:
         raise ValueError(f"num_key_value_heads must be a positive int, got {num_key_value_heads!r}")
     if num_key_value_heads % kv_heads or config.num_attention_heads % num_key_value_heads:
@@ -335,6 +334,11 @@ def expand_kv_heads(model: nn.Module, num_key_value_heads: int) -> nn.Module:
         )
     factor = num_key_value_heads // kv_heads
     modules = _attention_modules(model)
+    for module in modules:  # a k_norm over the whole projection (OLMo2) would need its weight repeated too
+        k_norm = getattr(getattr(module, "k_norm", None), "weight", None)
+        if k_norm is not None and k_norm.numel() != _head_dim(config):
+            raise ValueError(f"{type(module).__name__}: its k_norm spans the whole K projection ({k_norm.numel()} "
+                             f"weights, head dim {_head_dim(config)}); expanding its heads is not supported")
     for module in modules:
         for name in ("k_proj", "v_proj"):
             old: nn.Linear = getattr(module, name)

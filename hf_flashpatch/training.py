@@ -299,11 +299,6 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     output = Path(args.output_dir)
     settings = _run_settings(args, accelerator.num_processes)
     resume_from = _resume_point(args, accelerator, output, settings)
-    if not args.resume and accelerator.is_main_process:
-        moved = run_outputs.set_aside_previous_run(output)
-        if moved:
-            accelerator.print(f"starting over: the previous run's {' and '.join(moved)} moved to "
-                              f"{output / run_outputs.PREVIOUS}")
     attn = resolve_attn_implementation(args.attn_implementation)
     model, tokenizer = _load_model(args, attn)
     try:
@@ -334,6 +329,14 @@ def train(args: TrainArgs, *, on_step_end=None) -> dict:
     model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         model, optimizer, train_loader, eval_loader, scheduler)
 
+    if not args.resume:  # after the model, teacher and data loaded (one may be the previous run's final/), before
+        # the first write: a run that fails on its inputs leaves the previous results where they were
+        if accelerator.is_main_process:
+            moved = run_outputs.set_aside_previous_run(output)
+            if moved:
+                accelerator.print(f"starting over: the previous run's {' and '.join(moved)} moved to "
+                                  f"{output / run_outputs.PREVIOUS}")
+        accelerator.wait_for_everyone()
     state = _State(settings=settings)
     checkpoint = output / checkpointing.CHECKPOINT
     if resume_from is not None:

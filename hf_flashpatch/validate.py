@@ -200,22 +200,20 @@ def check_int_vector(t, name: str, length: int, device: torch.device) -> None:
 
 
 def check_writable_pool(pool: torch.Tensor, name: str) -> None:
-    """A KV pool that can be written in place, row by row: no two elements share memory (an expanded,
-    stride-0 pool would take every row's write in one place), not a leaf that requires grad while grad mode is
-    on, not an inference tensor outside ``torch.inference_mode``. Checked for both pools before either is
-    written, so a refused call changes nothing."""
-    dims = sorted((stride, size) for stride, size in zip(pool.stride(), pool.shape) if size > 1)
-    span = 1
-    for stride, size in dims:  # each dim must step past everything the smaller strides reach
-        if stride < span:
-            _fail(f"{name} must not overlap itself (an expanded or stride-0 view takes every row's write in one "
-                  f"place), got shape {tuple(pool.shape)} with strides {pool.stride()}")  # fmt: skip
-        span = stride * size
+    """A KV pool that can be written in place, row by row: no dimension of more than one element with stride 0
+    (an expanded view would take every row's write in one place), not a leaf that requires grad (or a view of
+    one) while grad mode is on, not an inference tensor outside ``torch.inference_mode``: torch refuses the last
+    two only when it writes, which for the second pool would be after the first was written. Checked for both
+    pools before either is written, so a refused call changes nothing."""
+    if any(stride == 0 and size > 1 for stride, size in zip(pool.stride(), pool.shape)):
+        _fail(f"{name} must not be an expanded view (stride 0 takes every row's write in one place), got shape "
+              f"{tuple(pool.shape)} with strides {pool.stride()}")  # fmt: skip
     if torch.compiler.is_compiling():  # dynamo traces neither flag; the compiled graph's own checks hold there
         return
-    if pool.requires_grad and torch.is_grad_enabled():
-        _fail(f"{name} requires grad: a KV pool is written in place; allocate it without requires_grad or call "
-              "under torch.no_grad() / torch.inference_mode()")  # fmt: skip
+    base = pool if pool._base is None else pool._base
+    if base.is_leaf and base.requires_grad and torch.is_grad_enabled():
+        _fail(f"{name} is (a view of) a leaf that requires grad: a KV pool is written in place; allocate it without "
+              "requires_grad or call under torch.no_grad() / torch.inference_mode()")  # fmt: skip
     if pool.is_inference() and not torch.is_inference_mode_enabled():
         _fail(f"{name} was created under torch.inference_mode() and can only be written inside it (torch "
               "refuses in-place updates of inference tensors elsewhere)")  # fmt: skip

@@ -333,7 +333,18 @@ def test_pca_twin_merges_back_exactly_from_a_thin_calibration(ids):
 
 
 def test_expand_kv_heads_refuses_what_it_cannot_expand():
+    """0 was a ZeroDivisionError; OLMo2 (a k_norm over the whole K projection) expanded into a model that crashed."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     with pytest.raises(ValueError, match="positive int, got 0"):
         expand_kv_heads(tiny_model("llama"), 0)
     with pytest.raises(ValueError, match=r"must be a multiple of the current 4 KV heads"):
         expand_kv_heads(tiny_model("llama"), 6)
+    small = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                 num_key_value_heads=2)  # fmt: skip
+    olmo2 = AutoModelForCausalLM.from_config(AutoConfig.for_model("olmo2", **small))
+    with pytest.raises(ValueError, match="its k_norm spans the whole K projection"):
+        expand_kv_heads(olmo2, 4)
+    gemma = AutoModelForCausalLM.from_config(AutoConfig.for_model("gemma", **small, head_dim=16)).eval()
+    reference = logits(gemma)  # outside the converter's list, but its K/V heads repeat exactly
+    torch.testing.assert_close(logits(expand_kv_heads(gemma, 4)), reference, atol=0, rtol=0)

@@ -100,6 +100,8 @@ def test_which_causal_masks_go_four_dimensional():
     assert masks.key_padding_mask(**common, config=llama, mask_function=packed) is None
     embedding_gemma = AutoConfig.for_model("gemma3_text", use_bidirectional_attention=True)
     assert masks.key_padding_mask(**common, config=embedding_gemma, mask_function=overlay, use_vmap=True) is None
+    vision_only = AutoConfig.for_model("gemma4_text", use_bidirectional_attention="vision")  # image tokens only
+    assert masks.key_padding_mask(**common, config=vision_only, mask_function=overlay).shape == (2, 1, 5, 5)
     nllb = AutoConfig.for_model("nllb-moe")
     causal = masks.key_padding_mask(**common, config=nllb, mask_function=causal_mask_function,
                                     allow_is_causal_skip=True)  # fmt: skip

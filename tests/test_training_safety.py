@@ -433,6 +433,13 @@ def test_starting_over_sets_the_previous_runs_results_aside(tiny_checkpoint, tex
     previous = output / "previous_run"
     assert json.loads((previous / "report.json").read_text())["steps"] == 2
     assert (previous / "final" / "model.safetensors").is_file()
+    # the previous run's final/ as the model to go on from, in the same folder: loaded before it is set aside
+    args = run_args(previous / "final", text_cache, output, max_steps=1, resume=False)
+    train(run_args(tiny_checkpoint, text_cache, output, max_steps=1, resume=False))  # a final/ again
+    args = run_args(output / "final", text_cache, output, max_steps=1, resume=False)
+    report = train(args)
+    assert report["steps"] == 1 and (output / "final" / "model.safetensors").is_file()
+    assert (output / "previous_run" / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("failure", ["ENOSPC", "torch zip writer"])

@@ -92,8 +92,8 @@ def only_the_4d_mask_says_it(config, mask_function, kwargs) -> bool:
     ``use_vmap``) stay ours: the attention reads them off ``position_ids``. So do models built with
     ``use_bidirectional_attention`` (EmbeddingGemma): their overlay makes the whole mask bidirectional, which
     their modules state (``is_causal=False``, the window in ``sliding_window``)."""
-    if getattr(config, "use_bidirectional_attention", False) and getattr(config, "model_type", None) not in \
-            CAUSAL_ONLY_IN_MASK:
+    if getattr(config, "use_bidirectional_attention", None) in (True, "all") and getattr(
+            config, "model_type", None) not in CAUSAL_ONLY_IN_MASK:  # ("vision", Gemma 4: image tokens only)
         return False
     if getattr(config, "model_type", None) in CAUSAL_ONLY_IN_MASK or kwargs.get("use_vmap"):
         return True
