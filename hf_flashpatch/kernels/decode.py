@@ -70,7 +70,7 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
         )
     for name, t in (("k", k), ("v", v)):
         strides = t.stride()
-        if strides[-1] != 1 or _misaligned_strides(strides):
+        if strides[-1] != 1 or any(s % 8 for s in strides[:-1]):
             raise KernelUnsupported(
                 f"decode kernel needs {name} with a contiguous last dim and 16-byte aligned rows, got strides "
                 f"{t.stride()} for shape {tuple(t.shape)}"
@@ -79,16 +79,11 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
             raise KernelUnsupported(f"decode kernel needs a 16-byte aligned {name}, got address {t.data_ptr():#x}")
 
 
-def _misaligned_strides(strides: tuple[int, ...]) -> bool:
-    """True when a stride other than the last is no multiple of 8 elements (16 bytes at fp16/bf16)."""
-    return any(s % 8 for s in strides[:-1]) if len(strides) != 4 else bool(strides[0] % 8 or strides[1] % 8 or strides[2] % 8)
-
-
 def _aligned_q(q: torch.Tensor) -> torch.Tensor:
     """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed)."""
     misaligned = not torch.compiler.is_compiling() and q.data_ptr() % 16
     strides = q.stride()
-    if misaligned or strides[-1] != 1 or _misaligned_strides(strides):
+    if misaligned or strides[-1] != 1 or any(s % 8 for s in strides[:-1]):
         return q.contiguous()
     return q
 
