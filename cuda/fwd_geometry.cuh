@@ -51,6 +51,12 @@ struct FwdParams {
   int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
   int q_box_heads;          // Hopper body: the group when it divides 64 (Q by q_tma); 0: the math warps copy Q
   int o_box_heads;          // Hopper body: the group when it divides 16 (output by o_tma); 0: stored by the threads
+  // Masked Hopper walks: the rows by which a sequence's first query tile starts before it (p0 = m_block * kBlockM -
+  // leading_rows, negative for m_block 0; heuristics.leading_rows: the last tile's shortfall in whole 64-row
+  // warpgroups), so that the tile short of rows is the one that sees the fewest keys under a causal mask, not the
+  // heaviest. Rows before the sequence (whole warpgroups, their Q rows zero) are computed over few key tiles or none
+  // and never stored. 0 elsewhere, and with output boxes (a box at a negative row faults the TMA).
+  int leading_rows;
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -98,9 +104,10 @@ __device__ __forceinline__ KeyTiles visible_key_tiles(int p0, int packed_rows, i
 }
 
 // A work tile (WorkCoords below): query tile m_block of a (kv head, batch) pair; its sequence's rows (span),
-// the tile's kBlockM packed rows from p0, and the key tiles those rows see. Bottom-right alignment: query i
-// sits at key i + seqlen_k - seqlen_q (shifts). A tile that starts past the sequence's packed rows is empty
-// (the mma.sync body's CTA returns before any barrier; the persistent body skips it in every role).
+// the tile's kBlockM packed rows from p0 (negative in a sequence's first tile of a masked Hopper walk:
+// FwdParams::leading_rows), and the key tiles its rows within the sequence see. Bottom-right alignment: query i sits
+// at key i + seqlen_k - seqlen_q (shifts). A tile that starts past the sequence's packed rows is empty (the mma.sync
+// body's CTA returns before any barrier; the persistent body skips it in every role).
 struct QueryTile {
   int kv_head, batch;
   SequenceSpan span;
@@ -164,7 +171,8 @@ __device__ __forceinline__ int walk_work(int round) {
   return round * static_cast<int>(gridDim.x) + (kSnake && (round & 1) ? static_cast<int>(gridDim.x) - 1 - b : b);
 }
 
-template <bool kWindowed, int kBlockM, int kBlockN>
+// kLeadingRows: the sequence's first tile starts p.leading_rows before it (the masked Hopper walks).
+template <bool kWindowed, int kBlockM, int kBlockN, bool kLeadingRows = false>
 __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords work) {
   const int m_block = work.m_block, kv_head = work.kv_head, batch = work.batch;
   QueryTile tile;
@@ -173,8 +181,10 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
   tile.span = sequence_span(p, batch);
   tile.group = p.group;
   tile.packed_rows = tile.span.seqlen_q * p.group;
-  tile.p0 = m_block * kBlockM;
+  tile.p0 = m_block * kBlockM - (kLeadingRows ? p.leading_rows : 0);
   tile.shifts = window_shifts(tile.span.seqlen_k - tile.span.seqlen_q, p.window_left, p.window_right);
+  // From a negative p0, visible_key_tiles gives the tile's keys still: a row's key range starts at 0 or later, and
+  // the tile's keys that need no mask shrink (mask_hi), so its few key tiles are all masked.
   tile.keys = visible_key_tiles<kWindowed, kBlockM, kBlockN>(tile.p0, tile.packed_rows, p.group, tile.shifts,
                                                              tile.span.seqlen_k);
   tile.q_rows = p.q + batch * p.q_batch_stride + tile.span.q_token0 * p.q_seq_stride +
@@ -185,14 +195,15 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
 }
 
 // Every work tile CTA blockIdx.x takes, in its order (walk_work over persistent_work), as a QueryTile; empty ones
-// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it.
+// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it;
+// a masked walk's first tile of a sequence starts before it (FwdParams::leading_rows).
 template <bool kWindowed, int kBlockM, int kBlockN, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
   for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
     const int w = walk_work<kWindowed>(round);
     if (w >= num_work) continue;
-    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
+    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
     if (!tile.empty()) body(tile);
   }
 }
@@ -200,7 +211,9 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
 // The key tiles that the kRows packed rows of `tile` from `first_row` see: visible_key_tiles of those rows alone,
 // a sub-range of the tile's (a row's first and last visible key never decrease with its position). Every score
 // of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them
-// without changing a bit of its rows. Rows wholly past the sequence: no tile.
+// without changing a bit of its rows. Rows wholly past the sequence: no tile. A masked walk's leading rows (wholly
+// before it) get the key tiles of the positions their division by the group rounds to (none at group 1 and seqlen_k
+// = seqlen_q, else a few), computed into rows nobody stores.
 template <bool kWindowed, int kRows, int kBlockN>
 __device__ __forceinline__ KeyTiles row_key_tiles(const QueryTile& tile, int first_row) {
   if (first_row >= tile.packed_rows) return {0, 0, tile.keys.n_block_min, tile.keys.n_block_min, 0};

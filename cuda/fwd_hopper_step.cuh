@@ -50,13 +50,15 @@ __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_ra
 }
 
 // Copy math warpgroup `warpgroup`'s 64 rows of the packed Q tile (rows 64 * warpgroup.. of the SW128 Q tile)
-// with cp.async; rows at or beyond the sequence's packed rows are zero-filled. tid: 0..127 within the
-// warpgroup.
+// with cp.async; rows at or beyond the sequence's packed rows, or (a masked walk's leading rows) before them, are
+// zero-filled. tid: 0..127 within the warpgroup.
 __device__ __forceinline__ void load_query_rows(const SharedTiles& smem, const hfp::fwd::FwdParams& p,
                                                 const hfp::fwd::QueryTile& tile, int warpgroup, int tid) {
   const int row0 = 64 * warpgroup;
+  const bool before = tile.p0 + row0 < 0;  // a masked walk's leading rows, in whole warpgroups
   hfp::fwd::for_each_packed_chunk<HEAD_DIM, 64, 128>(
       tid, tile.p0 + row0, tile.packed_rows, tile.group, [&](int row, int col, int pos, int head, bool valid) {
+        if constexpr (kWindowed) valid = valid && !before;
         const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
         hfp::cp_async_16(smem.q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) +
                              hfp::sm90::sw128_offset(row0 + row, (col % 64) / 8),
@@ -237,7 +239,11 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int packed = tile.p0 + warp_row0 + h * 8 + g;
-    if (packed >= tile.packed_rows) continue;
+    // Rows outside the sequence: at or past its end, or (a masked walk's leading rows) before it, one unsigned
+    // compare; written out here and below (a helper function flipped the unmasked builds' compare and branch).
+    if (kWindowed ? static_cast<unsigned>(packed) >= static_cast<unsigned>(tile.packed_rows)
+                  : packed >= tile.packed_rows)
+      continue;
     int head;
     const int pos = row_of(packed, head);
     if (!kStaged && !(kBoxes && boxes)) {
@@ -257,7 +263,9 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     __syncwarp();
     hfp::sm90::copy_warp_rows<HEAD_DIM_V>(staging, lane, [&](int r) -> void* {
       const int packed = tile.p0 + warp_row0 + r;
-      if (packed >= tile.packed_rows) return nullptr;
+      if (kWindowed ? static_cast<unsigned>(packed) >= static_cast<unsigned>(tile.packed_rows)
+                    : packed >= tile.packed_rows)
+        return nullptr;
       int head;
       const int pos = row_of(packed, head);
       return out + pos * p.o_seq_stride + head * p.o_head_stride;
@@ -266,7 +274,9 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
   if constexpr (kBoxes) {
     // The warp's first packed row: a multiple of 16, so of the box's heads (head 0 of a position). Rows past the
     // sequence's end are past the batched map's rows, which a box does not write; the warp does not test for them
-    // (a branch on its rows made ptxas move the key loop's wgmma descriptors out of uniform registers).
+    // (a branch on its rows made ptxas move the key loop's wgmma descriptors out of uniform registers). A box at a
+    // negative row faulted the TMA (an illegal instruction), so a launch with output boxes leads by no rows
+    // (FwdParams::leading_rows: forward.py).
     const int first = tile.p0 + warp_row0;
     if (boxes) {
       constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of the Q tile

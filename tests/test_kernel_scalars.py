@@ -98,8 +98,8 @@ def test_forward_scalars(recorder, scale, softcap):
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
-    # work section, q_box_heads, o_box_heads
-    scale_log2, softcap_pre, softcap_log2 = args[-10:-7]
+    # work section, q_box_heads, o_box_heads, leading_rows
+    scale_log2, softcap_pre, softcap_log2 = args[-11:-8]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -179,7 +179,10 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
-    assert grid == (ctas, 1, 1) and args[-3] == section  # FwdParams.work_section (q_box_heads, o_box_heads follow)
+    assert grid == (ctas, 1, 1) and args[-4] == section  # FwdParams.work_section (q_box_heads, o_box_heads follow)
+    # FwdParams.leading_rows: a causal batched walk's first tile leads its sequence by the last tile's shortfall (4096
+    # rows on 192-row tiles: 22 tiles, the last of 64 rows, so the first starts 128 rows early); none unmasked or varlen
+    assert args[-1] == (128 if causal and not varlen else 0)
 
 
 def test_clustered_schedule_decisions():
@@ -207,6 +210,23 @@ def test_clustered_schedule_decisions():
     assert clustered_schedule(walk, 2, 16, False, False, resident(0)) == walk  # the driver could not tell
     # a walk handed in with clusters of its own is decided afresh: plain where the pairs would split
     assert clustered_schedule(HopperSchedule(132, kv_cluster=2), 2, 15, False, False, resident(66)) == walk
+
+
+def test_leading_rows_move_the_short_tile_first():
+    """heuristics.leading_rows (FwdParams.leading_rows): a masked walk's first tile of a sequence starts before it by
+    the last tile's shortfall in whole 64-row warpgroups, so the tile count stays and only the first tile lacks a
+    warpgroup's rows; the schedule model weighs the led tiles (the first sees the fewest keys)."""
+    from hf_flashpatch.kernels import heuristics
+
+    assert heuristics.leading_rows(2048, 192) == 64  # 10 2/3 tiles: the last had 128 rows
+    assert heuristics.leading_rows(4096, 192) == 128  # the last had 64 rows
+    assert heuristics.leading_rows(2048, 128) == 0 and heuristics.leading_rows(1, 128) == 64
+    for block_m in (128, 192):
+        for packed in range(1, 1000):
+            lead = heuristics.leading_rows(packed, block_m)
+            assert lead % 64 == 0 and 0 <= lead < block_m
+            assert -(-(packed + lead) // block_m) == -(-packed // block_m)  # the same tiles
+            assert (-(packed + lead)) % block_m < 64  # the last tile short of less than a warpgroup
 
 
 def test_hopper_forward_schedule_decisions():
@@ -261,7 +281,7 @@ def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
 @pytest.mark.parametrize("sms, walks", [(16, True), (132, False)])
 def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypatch, sms, walks):
     """Causal d128, 8 (sequence, head) pairs of 8 query tiles: on 16 SMs the schedule walks (16 CTAs, sectioned),
-    and the launch takes the Q-thread build (its box heads, the last parameter, > 0); on 132 SMs every tile gets a
+    and the launch takes the Q-thread build (its box heads > 0); on 132 SMs every tile gets a
     CTA and the math warps copy Q (box heads 0)."""
     monkeypatch.setattr(forward, "sm_count", lambda device: sms)
     built = []
@@ -270,4 +290,4 @@ def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypa
     forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
     assert (grid[0] < 64) == walks
-    assert built[0].q_by_tma == walks and (args[-2] > 0) == walks  # FwdParams.q_box_heads
+    assert built[0].q_by_tma == walks and (args[-3] > 0) == walks  # FwdParams.q_box_heads (2 fields follow)

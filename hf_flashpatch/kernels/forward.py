@@ -44,7 +44,8 @@ from . import forward_torch, tma
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
-                         forward_tile_shape, hopper_forward_schedule, native_value_head_dim, padding_head_dims)
+                         forward_tile_shape, hopper_forward_schedule, leading_rows, native_value_head_dim,
+                         padding_head_dims)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -53,7 +54,7 @@ _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # FwdParams: k_tma v_tma q_tma o_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads leading_rows
 
 
 @dataclass(frozen=True)
@@ -357,13 +358,19 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)
     o_tma, o_box_heads = _output_map(config, out, group, varlen)
+    # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
+    # (the sequences' lengths are not known here) nor with output boxes (a box at a row before the sequence, a
+    # negative coordinate, faults the TMA: an illegal instruction, measured).
+    lead = 0
+    if chosen.wgmma and masked and not varlen and not o_box_heads:
+        lead = leading_rows(seqlen_q * group, config.block_m)
     kernel(
         grid, (config.threads, 1, 1),
         k_tma, v_tma, q_tma, o_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, section, q_box_heads, o_box_heads,
+        kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead,
         shared_bytes=kernel.shared_bytes,
         tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
     )  # fmt: skip

@@ -142,6 +142,15 @@ WORK_TILE_OVERHEAD = 1.0
 MODELLED_MAX_TILES = 4096
 
 
+def leading_rows(packed_rows: int, block_m: int) -> int:
+    """The rows by which a sequence's first query tile starts before the sequence in a masked walk of the Hopper
+    forward (``FwdParams::leading_rows``, cuda/fwd_geometry.cuh: tile m holds packed rows ``m * block_m - lead ..``):
+    the last tile's shortfall of rows, in whole 64-row math warpgroups. The tile short of rows is then the first,
+    which sees the fewest keys under a causal mask, and every warpgroup of the heaviest tile has rows (2048 rows on
+    d64's 192-row tiles: the last tile had 128 rows, one warpgroup waiting while two ran its 16 key tiles)."""
+    return (block_m - packed_rows % block_m) % block_m // 64 * 64
+
+
 @functools.lru_cache(maxsize=256)
 def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: int, block_n: int, left: int,
                             right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
@@ -169,10 +178,11 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     if tiles > MODELLED_MAX_TILES:
         return HopperSchedule(tiles)
     shift = seqlen_k - seqlen_q  # bottom-right aligned: query position i sits at key position i + shift
+    lead = leading_rows(seqlen_q * group, block_m)  # tile m's packed rows start at m * block_m - lead
     key_tiles = []
     for m in range(count):
-        first = m * block_m // group + shift
-        last = min(seqlen_q - 1, ((m + 1) * block_m - 1) // group) + shift
+        first = max(0, m * block_m - lead) // group + shift
+        last = min(seqlen_q - 1, ((m + 1) * block_m - lead - 1) // group) + shift
         lo = max(0, first - left) if left >= 0 else 0
         hi = min(seqlen_k, last + right + 1) if right >= 0 else seqlen_k
         key_tiles.append(max(0, -(-hi // block_n) - lo // block_n) if hi > lo else 0)

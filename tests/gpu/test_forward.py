@@ -302,6 +302,42 @@ def test_persistent_masked_walks_match_one_cta_per_tile(forward_variant, dims, w
 
 
 @pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (6, 2)], ids=["g1", "g4", "g3"])
+@pytest.mark.parametrize("window", [(-1, 0), (200, 37)], ids=["causal", "window200-37"])
+def test_leading_rows_change_no_bit(forward_variant, dims, heads, window):
+    """A masked batched walk starts a sequence's first query tile heuristics.leading_rows before it (the rows before
+    the sequence computed by no warpgroup, or discarded); a varlen batch starts each sequence's tiles at its first
+    row. Lengths whose last tile is short by none, one or two 64-row warpgroups: every batch row equals its sequence
+    in the varlen batch bit for bit (a store to a row before the second sequence would land in the first's), and
+    the run matches the oracle."""
+    from hf_flashpatch.kernels.heuristics import leading_rows
+
+    shape = forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True, dims[1])
+    if forward_variant != "shipped" or not shape.wgmma:
+        pytest.skip("the walk is the Hopper body's")
+    torch.manual_seed(11)
+    (d, d_v), (h, h_kv) = dims, heads
+    group = h // h_kv
+    seqlens = [1, 50, 100, 130, 170, 260, 383, 700]
+    leads = {leading_rows(s * group, shape.block_m) for s in seqlens}
+    assert leads == set(range(0, shape.block_m, 64)), leads  # every lead the tile allows
+    for seqlen in seqlens:
+        q = torch.randn(2, seqlen, h, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, seqlen, h_kv, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, seqlen, h_kv, d_v, device="cuda", dtype=torch.bfloat16)
+        out, lse = _run(q, k, v, window=window)
+        cu = torch.tensor([0, seqlen, 2 * seqlen], device="cuda", dtype=torch.int32)
+        packed, packed_lse = _run(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), window=window, cu_seqlens_q=cu,
+                                  cu_seqlens_k=cu, max_seqlen_q=seqlen, max_seqlen_k=seqlen)  # (2 S, H, D_v) fmt: skip
+        assert torch.equal(out.flatten(0, 1), packed), seqlen
+        assert torch.equal(lse.transpose(0, 1).flatten(1, 2), packed_lse), seqlen  # (B, H, S) -> (H, B S)
+        want, want_lse = attention_reference(q.float(), k.float(), v.float(), window=window)
+        assert (out.float() - want).abs().max().item() < 2e-2, seqlen
+        seen = ~torch.isneginf(want_lse)
+        torch.testing.assert_close(lse[seen], want_lse[seen], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 4), (8, 2), (16, 2), (6, 2)], ids=["g1", "g2", "g4", "g8", "g3"])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (200, 37)], ids=["full", "causal", "window200-37"])
 def test_query_rows_by_the_tma_equal_the_math_warps_copy(forward_variant, monkeypatch, dims, heads, window):
