@@ -69,11 +69,8 @@ struct OnlineSoftmax {
         max_moved |= tile_max != row_max[mt][h];
         // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
         // exp2(-inf - 0) = 0 and avoids (-inf) - (-inf) = NaN.
-        // Both maxima's products rounded alone (__fmul_rn is never fused): either product contracted into an FMA
-        // with the other would leave its rounding error, and a tile that moves no maximum (one whose scores this
-        // row cannot see, say) would scale the sum by exp2(error) != 1, not exactly 1.
-        const float max_scaled = tile_max == kNegInf ? 0.f : __fmul_rn(tile_max, scale_log2);
-        correction[mt][h] = exp2f(__fmul_rn(row_max[mt][h], scale_log2) - max_scaled);
+        const float max_scaled = tile_max == kNegInf ? 0.f : tile_max * scale_log2;
+        correction[mt][h] = exp2f(row_max[mt][h] * scale_log2 - max_scaled);
         row_max[mt][h] = tile_max;
         float sum = 0.f;
 #pragma unroll

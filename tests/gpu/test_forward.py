@@ -308,8 +308,12 @@ def test_leading_rows_change_no_bit(forward_variant, dims, heads, window):
     """A masked batched walk starts a sequence's first query tile heuristics.leading_rows before it (the rows before
     the sequence computed by no warpgroup, or discarded); a varlen batch starts each sequence's tiles at its first
     row. Lengths whose last tile is short by none, one or two 64-row warpgroups: every batch row equals its sequence
-    in the varlen batch bit for bit (a store to a row before the second sequence would land in the first's), and
-    the run matches the oracle."""
+    in the varlen batch (a store to a row before the second sequence would land in the first's), and the run matches
+    the oracle. Bit for bit where each row sees the same key tiles either way: without a window's lower bound, and
+    where a warpgroup computes only its own rows' key tiles (own_key_tiles). Else a tile's key range follows its first
+    and last row, so a row may also see a key tile wholly below its window; that tile moves no maximum, but the online
+    softmax's correction exp2(fma(max, scale, -max * scale)) carries the product's rounding error, so the row's sum
+    may move by an fp32 ulp (cuda/fwd_softmax.cuh; the exact form cost d64 causal 3-6 %: notes/forward.md)."""
     from hf_flashpatch.kernels.heuristics import leading_rows
 
     shape = forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True, dims[1])
@@ -329,8 +333,13 @@ def test_leading_rows_change_no_bit(forward_variant, dims, heads, window):
         cu = torch.tensor([0, seqlen, 2 * seqlen], device="cuda", dtype=torch.int32)
         packed, packed_lse = _run(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), window=window, cu_seqlens_q=cu,
                                   cu_seqlens_k=cu, max_seqlen_q=seqlen, max_seqlen_k=seqlen)  # (2 S, H, D_v) fmt: skip
-        assert torch.equal(out.flatten(0, 1), packed), seqlen
-        assert torch.equal(lse.transpose(0, 1).flatten(1, 2), packed_lse), seqlen  # (B, H, S) -> (H, B S)
+        batch_lse = lse.transpose(0, 1).flatten(1, 2)  # (B, H, S) -> (H, B S)
+        if window[0] < 0 or shape.own_key_tiles:
+            assert torch.equal(out.flatten(0, 1), packed), seqlen
+            assert torch.equal(batch_lse, packed_lse), seqlen
+        else:  # an fp32 ulp or two of the sum: the LSE's, and at most one bf16 ulp of the output
+            torch.testing.assert_close(batch_lse, packed_lse, rtol=2e-6, atol=0, msg=f"{seqlen}")
+            torch.testing.assert_close(out.flatten(0, 1), packed, rtol=2**-7, atol=1e-6, msg=f"{seqlen}")
         want, want_lse = attention_reference(q.float(), k.float(), v.float(), window=window)
         assert (out.float() - want).abs().max().item() < 2e-2, seqlen
         seen = ~torch.isneginf(want_lse)
