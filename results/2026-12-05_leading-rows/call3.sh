@@ -1,7 +1,9 @@
 #!/bin/bash
 # session 45: call 2's grid failed three windowed d128 / 192-128 cases at seqlen 700 (batched with a lead against
 # varlen, bit for bit); debug_window.py says which rows differ and whether any is off the oracle. Then the GPU tests on
-# transformers 5.25, whose huggingface_hub needs httpx2 (carried in .tfnew/hub_deps.tgz).
+# transformers 5.25, whose huggingface_hub needs httpx2 (carried in .tfnew/hub_deps.tgz: `tar czf` of the development
+# machine's site-packages httpx2 httpcore2 truststore anyio h11 idna with their dist-info folders; .tfnew otherwise as
+# call2.sh's header says).
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $OUT
