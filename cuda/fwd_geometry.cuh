@@ -210,10 +210,12 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
 
 // The key tiles that the kRows packed rows of `tile` from `first_row` see: visible_key_tiles of those rows alone,
 // a sub-range of the tile's (a row's first and last visible key never decrease with its position). Every score
-// of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them
-// without changing a bit of its rows. Rows wholly past the sequence: no tile. A masked walk's leading rows (wholly
-// before it) get the key tiles of the positions their division by the group rounds to (none at group 1 and seqlen_k
-// = seqlen_q, else a few), computed into rows nobody stores.
+// of the tile's other key tiles is masked for these rows, so a math warpgroup of the Hopper body may skip them:
+// they move no maximum (computed, one below a window could still move a row's sum by an fp32 ulp, the online
+// softmax's correction being 1 only to within a product's rounding: notes/forward.md, "Leading rows"). Rows wholly
+// past the sequence: no tile. A masked walk's leading rows (wholly before it) get the key tiles of the positions
+// their division by the group rounds to (none at group 1 and seqlen_k = seqlen_q, else a few), computed into rows
+// nobody stores.
 template <bool kWindowed, int kRows, int kBlockN>
 __device__ __forceinline__ KeyTiles row_key_tiles(const QueryTile& tile, int first_row) {
   if (first_row >= tile.packed_rows) return {0, 0, tile.keys.n_block_min, tile.keys.n_block_min, 0};
