@@ -28,10 +28,17 @@ constexpr int kKBytes = BLOCK_N * HEAD_DIM * 2;    // one K tile
 constexpr int kVBytes = BLOCK_N * HEAD_DIM_V * 2;  // one V tile
 static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) || (HEAD_DIM == 192 && HEAD_DIM_V == 128),
               "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
-static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 176, "S = Q K^T uses wgmma n64, n128 or n176");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 160 || BLOCK_N == 176,
+              "S = Q K^T uses wgmma n64, n128, n160 or n176");
+#ifndef CHAINED_WALK
+#define CHAINED_WALK 0
+#endif
+// CHAINED_WALK (fwd_hopper_chain.cuh): the next work's Q rows are copied into a second Q tile while this work runs.
+constexpr int kQBuffers = CHAINED_WALK ? 2 : 1;
 
 // The kernel's shared-memory tiles, from the 1024-byte aligned base (the swizzle atoms need
-// it; the launch adds 1 KB of slack for rounding up): SW128 Q (kBlockM, HEAD_DIM), then the K ring of
+// it; the launch adds 1 KB of slack for rounding up): kQBuffers SW128 Q tiles (kBlockM, HEAD_DIM) (buffer b at
+// q_tile + b * kQBytes), then the K ring of
 // KV_STAGES SW128 (BLOCK_N, HEAD_DIM) tiles and the V ring of KV_STAGES (BLOCK_N, HEAD_DIM_V) tiles; `end` is
 // where the kernel's own data (its mbarriers) follow. Ring slot s of K is at k_ring + s * kKBytes, of V at v_ring + s * kVBytes.
 struct SharedTiles {
@@ -39,12 +46,12 @@ struct SharedTiles {
 };
 
 // Bytes the launch provides for those tiles: the atom of slack for rounding the base up, Q and both rings.
-constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBytes + KV_STAGES * (kKBytes + kVBytes);
+constexpr int kSharedTilesBytes = hfp::sm90::kSwizzleAtomBytes + kQBuffers * kQBytes + KV_STAGES * (kKBytes + kVBytes);
 
 __device__ __forceinline__ SharedTiles shared_tiles(const unsigned char* smem_raw) {
   const uint32_t raw = hfp::smem_addr(smem_raw);
   const uint32_t base = (raw + hfp::sm90::kSwizzleAtomBytes - 1) & ~static_cast<uint32_t>(hfp::sm90::kSwizzleAtomBytes - 1);
-  const uint32_t k_ring = base + kQBytes;
+  const uint32_t k_ring = base + kQBuffers * kQBytes;
   const uint32_t v_ring = k_ring + KV_STAGES * kKBytes;
   return {base, k_ring, v_ring, v_ring + KV_STAGES * kVBytes};
 }

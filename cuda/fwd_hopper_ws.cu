@@ -40,7 +40,7 @@
 #ifndef TMA_OUTPUT
 #define TMA_OUTPUT 0
 #endif
-#include "fwd_hopper_step.cuh"
+#include "fwd_hopper_chain.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
@@ -258,6 +258,26 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
                                             warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
   const bool tma_output = kTmaOutput && p.o_box_heads > 0;
 
+  if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
+    auto wait_slot = [&](uint32_t full_bars, int r) -> uint32_t {  // ring tile r's K (or V) landed: its slot
+      const int slot = r % KV_STAGES;
+      mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      return slot;
+    };
+    auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
+      __syncwarp();
+      if (first_lane()) {
+        mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+        if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
+      }
+    };
+    chained_walk(
+        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup,
+        [&](int r) { return wait_slot(k_full_bars, r); }, [&](int r) { return wait_slot(v_full_bars, r); },
+        [&](int r) { release(k_empty_bars, r); }, [&](int r) { release(v_empty_bars, r); });
+    bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
+    return;
+  }
   int ring = 0, works = 0;  // as the producer's
   for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {

@@ -76,6 +76,7 @@ class ForwardConfig:
     staged_output: bool = False  # wgmma body: the output through the Q rows (TileShape.staged_output)
     kv_cluster: int = 1  # wgmma body: CTAs sharing each K/V tile by a multicast (TileShape.kv_cluster)
     tma_output: bool = False  # wgmma body: the output by the TMA from each warp's Q rows (TileShape.tma_output)
+    chained_walk: bool = False  # wgmma body: one key loop over a warpgroup's works (TileShape.chained_walk)
 
     @property
     def value_dim(self) -> int:
@@ -87,7 +88,8 @@ class ForwardConfig:
             return
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
-        if self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output:
+        if (self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output
+                or self.chained_walk):
             raise ValueError(f"Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast "
                              f"are the wgmma body's, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
@@ -109,7 +111,7 @@ class ForwardConfig:
         dims = (self.head_dim, self.value_dim)
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
-            and self.block_n in (64, 128, 176) and rest == 0
+            and self.block_n in (64, 128, 160, 176) and rest == 0
             and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
@@ -118,6 +120,8 @@ class ForwardConfig:
             and not (self.tma_output and (self.q_by_tma or self.staged_output or self.head_dim < self.value_dim))
             and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
                                                                         or self.own_key_tiles)))
+            and not (self.chained_walk and (self.has_mask or not self.tma_output or self.block_n < 128
+                                            or self.head_dim != self.value_dim))
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
@@ -160,6 +164,8 @@ class ForwardConfig:
                 defines += (("KV_CLUSTER", self.kv_cluster),)
             if self.tma_output:  # the source's default is 0
                 defines += (("TMA_OUTPUT", 1),)
+            if self.chained_walk:  # the source's default is 0
+                defines += (("CHAINED_WALK", 1),)
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
@@ -177,8 +183,11 @@ def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     dims = [(head_dim, None) for head_dim in SUPPORTED_HEAD_DIMS]
     dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
 
-    def with_plain(shape: TileShape) -> tuple[TileShape, ...]:  # the build a walk without clusters launches
-        return (shape, dataclasses.replace(shape, kv_cluster=1)) if shape.kv_cluster > 1 else (shape,)
+    def with_plain(shape: TileShape) -> tuple[TileShape, ...]:  # the builds a walk without clusters or boxes launches
+        shapes = (shape, dataclasses.replace(shape, kv_cluster=1)) if shape.kv_cluster > 1 else (shape,)
+        if shape.chained_walk:  # and the same tiles walked work by work
+            shapes += tuple(dataclasses.replace(s, chained_walk=False) for s in shapes)
+        return shapes
 
     builds = [
         ForwardConfig.for_problem(head_dim, dtype, has_mask, shape, arch=arch, head_dim_v=head_dim_v).build(arch)
@@ -354,10 +363,14 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                                       clustered.kv_cluster, clustered.threads))  # fmt: skip
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
             config = dataclasses.replace(config, kv_cluster=1)
+    o_tma, o_box_heads = _output_map(config, out, group, varlen)
+    if config.chained_walk and not (o_box_heads and seqlen_k > 0):
+        # The chained walk stores every work by boxes and takes every work to see a key tile; otherwise the same
+        # tiles walk work by work (the same bits).
+        config = dataclasses.replace(config, chained_walk=False)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)
-    o_tma, o_box_heads = _output_map(config, out, group, varlen)
     # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
     # (the sequences' lengths are not known here) nor with output boxes (a box at a row before the sequence, a
     # negative coordinate, faults the TMA: an illegal instruction, measured).

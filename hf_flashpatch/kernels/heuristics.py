@@ -52,6 +52,7 @@ class TileShape:
     staged_output: bool = False  # wgmma body: the output leaves through the warpgroup's Q rows (needs Q copied)
     kv_cluster: int = 1  # wgmma body: CTAs of a cluster sharing each K/V tile by a TMA multicast (1: none)
     tma_output: bool = False  # wgmma body: each warp's output rows by the TMA from its Q rows (needs Q copied)
+    chained_walk: bool = False  # wgmma body: one key loop over all of a warpgroup's works (unmasked, output boxes)
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring

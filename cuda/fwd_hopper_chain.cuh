@@ -1,0 +1,206 @@
+// hf_flashpatch: the Hopper forward's chained walk (CHAINED_WALK): one key loop over the key tiles of every work a
+// math warpgroup walks, so that a work's first S = Q K^T runs beside the work before's last O += P V and its softmax
+// beside that product: no step of a walk waits on the tensor cores with nothing else issued (the per-work loop,
+// key_loop, has a first S with no P V beside it and a last P V alone at every work).
+// Layouts as in fwd_hopper_ws.cu: q (B, S_q, H, D), k/v (B, S_k, H_kv, D), out (B, S_q, H, D), SW128 shared tiles.
+// Unmasked batched problems whose output leaves by TMA boxes (the launch passes o_box_heads > 0): the finished work's
+// rows are staged in its own Q tile, which its last S no longer reads, and stored by one lane's predicated box store,
+// so the loop holds no branch that depends on the lane (one made ptxas keep the loop's indices per thread and send
+// every wgmma descriptor through R2UR). Q comes in two tiles: each warp copies its 16 rows of the next work's Q into
+// the other tile once its boxes there were read.
+#pragma once
+#include "fwd_hopper_step.cuh"
+
+namespace {
+
+constexpr bool kChainedWalk = CHAINED_WALK != 0;
+static_assert(!kChainedWalk || (!kWindowed && !Q_BY_TMA && !OWN_KEY_TILES && !STAGED_OUTPUT && TMA_OUTPUT &&
+                                HEAD_DIM == HEAD_DIM_V && BLOCK_N >= 128),
+              "the chained walk: unmasked, the math warps copying Q, every key tile, the output by boxes, O's rescale "
+              "under S");
+
+// Work tile `round` of this CTA's unmasked walk (rounds of gridDim.x tiles, no snake, no leading rows).
+__device__ __forceinline__ hfp::fwd::QueryTile chain_work(const hfp::fwd::FwdParams& p, int round) {
+  return hfp::fwd::query_tile<false, kBlockM, BLOCK_N>(p, hfp::fwd::persistent_work<kBlockM>(p, hfp::fwd::walk_work<false>(round)));
+}
+
+// Copy this warp's 16 rows (warp_row0..) of the work's packed Q tile into Q tile `q_tile` with cp.async (one group);
+// rows past the sequence's packed rows are zero-filled.
+__device__ __forceinline__ void copy_warp_query_rows(uint32_t q_tile, const hfp::fwd::FwdParams& p,
+                                                     const hfp::fwd::QueryTile& tile, int warp_row0, int lane) {
+  hfp::fwd::for_each_packed_chunk<HEAD_DIM, 16, 32>(
+      lane, tile.p0 + warp_row0, tile.packed_rows, tile.group, [&](int row, int col, int pos, int head, bool valid) {
+        const Elem* src = tile.q_rows + (valid ? pos * p.q_seq_stride + head * p.q_head_stride + col : 0);
+        hfp::cp_async_16(q_tile + (col / 64) * (kBlockM * kSubTileRowBytes) +
+                             hfp::sm90::sw128_offset(warp_row0 + row, (col % 64) / 8),
+                         src, valid);
+      });
+  hfp::cp_async_commit();
+}
+
+// A finished work's epilogue, for one warp: normalise, stage its 16 rows in `staging` (its rows of the work's Q tile,
+// one 16-row SW128 sub-tile a 64 columns: an output box's layout), one lane's box store a 64 columns as a bulk group
+// of its own, and each row's LSE by a predicated store. Rows past the sequence's end lie past the batched map's rows,
+// which a box does not write.
+__device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hfp::fwd::OnlineSoftmax<1> softmax,
+                                                   const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
+                                                   int warp_row0, int lane, uint32_t staging) {
+  constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of a Q tile
+  const int g = lane >> 2, t = lane & 3;
+  float inv_sum[1][2], row_lse[1][2];
+  softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
+  hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V, kBlockBytes>(staging, reinterpret_cast<const float(&)[kOT * 4]>(acc_o),
+                                                             inv_sum[0][0], inv_sum[0][1], lane);
+  hfp::sm90::fence_proxy_async_shared();  // the staged rows, for the TMA's reads
+  __syncwarp();
+  const int first = tile.p0 + warp_row0;  // a multiple of 16, so of the box's heads
+#pragma unroll
+  for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
+    hfp::tma::store_box_if(lane == 0, p.o_tma, staging + sub * kBlockBytes, sub * 64, tile.kv_head * tile.group,
+                           first / tile.group, tile.batch);
+  hfp::tma::bulk_commit();  // every lane: the others' groups are empty
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int packed = first + h * 8 + g;
+    const int pos = tile.group == 1 ? packed : packed / tile.group;
+    const int head = packed - pos * tile.group;
+    float* const lse = p.lse + tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
+                       tile.span.q_token0 + pos;
+    if (t == 0 && packed < tile.packed_rows) *lse = row_lse[0][h];
+  }
+}
+
+// A math warpgroup's walk (fwd_hopper_ws.cu's callbacks for the ring: wait_keys(r) / wait_values(r) wait until ring
+// tile r's K / V landed and return its slot; release_keys(r) / release_values(r) hand them back). Step j of the walk
+// is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone; every later step issues
+// S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1) V(j-1), retires S(j) and
+// exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P V retired, a work's first
+// step stores the work before and zeroes O for this work's first P V. The next work's Q rows are copied at the
+// current work's second step (its first, if it has one key tile), once the boxes staged in that Q tile were read.
+// Every work sees a key tile (the launch: seqlen_k > 0).
+// ptxas placement (checked in the SASS): a peeled first step, not a P of zeros through the common step, and O zeroed
+// rather than a runtime accumulate flag, keep the rescale under S without an injected wait (C7517); the never-taken
+// branch that keeps the P V wait behind the exponentials sleeps rather than traps (a trap there serialised every
+// wgmma and spilled).
+template <typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues>
+__device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles, const OperandDescriptors& desc,
+                                             int warp_row0, int lane, int q_rows_barrier,
+                                             WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
+                                             ReleaseValues release_values) {
+  using namespace hfp::sm90;
+  const int g = lane >> 2, t = lane & 3;
+  const int num_work = hfp::fwd::m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
+  auto has_work = [&](int round) { return hfp::fwd::walk_work<false>(round) < num_work; };
+  if (!has_work(0)) return;
+  if (p.o_box_heads <= 0) __trap();  // the launch passes the output map (forward.py); no other store is built here
+  auto warp_rows_of = [&](int buffer) { return q_tiles + buffer * kQBytes + warp_row0 * kSubTileRowBytes; };
+  // This warpgroup's 64 Q rows of the current work landed: every warp's copy, then visible to the tensor cores.
+  auto query_rows_landed = [&]() {
+    hfp::cp_async_wait<0>();
+    fence_proxy_async_shared();
+    named_barrier_sync(q_rows_barrier, 128);
+  };
+  int round = 0, buffer = 0;  // the current work and its Q tile
+  hfp::fwd::QueryTile tile = chain_work(p, round);
+  copy_warp_query_rows(q_tiles, p, tile, warp_row0, lane);
+  query_rows_landed();
+
+  MathRows rows;
+  rows.init();
+  float(&o_flat)[kOT * 4] = reinterpret_cast<float(&)[kOT * 4]>(rows.acc_o);
+  uint32_t probs[BLOCK_N / 16][4];
+  float correction[1][2];
+  bool rescale_pending = false;
+  float scores[1][kNT][4];
+  float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
+  int ring = 0, i = 0;  // this step's ring tile, and its key tile within the current work
+  // Soft-cap, key-length mask and online softmax of this step's scores.
+  auto softmax_of_step = [&]() {
+    if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
+    const int key0 = (tile.keys.n_block_max - 1 - i) * BLOCK_N;
+    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)  // the key-length bound
+      hfp::fwd::apply_mask<false>(scores, key0 + 2 * t, tile.p0 + warp_row0 + g, tile.group, tile.shifts,
+                                  tile.span.seqlen_k);
+    rescale_pending = rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
+  };
+  // After a step: the next work's Q copy at this work's second step (or first), the next step's work.
+  auto next_step = [&]() -> bool {
+    if (i == min(1, tile.keys.num_tiles - 1) && has_work(round + 1)) {
+      hfp::tma::bulk_wait_read<0>();  // the boxes staged in the other Q tile were read (only the first lane has any)
+      __syncwarp();
+      copy_warp_query_rows(q_tiles + (buffer ^ 1) * kQBytes, p, chain_work(p, round + 1), warp_row0, lane);
+    }
+    hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
+    ++ring;
+    if (++i < tile.keys.num_tiles) return true;
+    if (!has_work(round + 1)) return false;
+    ++round;
+    buffer ^= 1;
+    tile = chain_work(p, round);
+    query_rows_landed();
+    i = 0;
+    return true;
+  };
+  // The walk's first step: S alone.
+  {
+    const uint32_t k_slot = wait_keys(ring);
+    fence_operands(s_flat);
+    wgmma_fence();
+    issue_scores(s_flat, desc.q_rows, desc.k_ring.plus(k_slot * kKBytes));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s_flat);
+    release_keys(ring);
+    softmax_of_step();
+  }
+  bool more = next_step();
+  while (more) {
+    const bool first = i == 0;
+    const uint32_t k_slot = wait_keys(ring);
+    fence_operands(s_flat);
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_scores(s_flat, desc.q_rows.plus(buffer * kQBytes), desc.k_ring.plus(k_slot * kKBytes));
+    wgmma_commit();
+    rows.softmax.rescale(rows.acc_o, correction, rescale_pending);  // under S, as in key_loop
+    const uint32_t v_slot = wait_values(ring - 1);
+    fence_operands(o_flat);
+    wgmma_fence();
+    issue_pv(o_flat, probs, desc.v_ring.plus(v_slot * kVBytes));
+    wgmma_commit();
+    wgmma_wait<1>();  // S retired; the P V may still run
+    fence_operands(s_flat);
+    release_keys(ring);
+    const hfp::fwd::OnlineSoftmax<1> finished = rows.softmax;  // the work before's, at a work's first step
+    if (first) rows.softmax.init();
+    softmax_of_step();
+    if (__any_sync(0xffffffffu, rows.softmax.row_sum[0][0] < 0.f || rows.softmax.row_sum[0][1] < 0.f))
+      __nanosleep(1);  // never taken (keep_wait_behind's reason; see above)
+    wgmma_wait<0>();
+    fence_operands(o_flat);
+    fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
+    release_values(ring - 1);
+    if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
+      store_output_boxes(rows.acc_o, finished, p, chain_work(p, round - 1), warp_row0, lane, warp_rows_of(buffer ^ 1));
+      hfp::zero_fragments(rows.acc_o);
+    }
+    more = next_step();
+  }
+  // The last work's last P V, and its output.
+  rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
+  const uint32_t v_slot = wait_values(ring - 1);
+  fence_operands(o_flat);
+  wgmma_fence();
+  wgmma_rs_tb<HEAD_DIM_V, kBf16>(o_flat, probs[0], desc.v_ring.plus(v_slot * kVBytes).value(), 1);
+#pragma unroll
+  for (int kk = 1; kk < BLOCK_N / 16; ++kk)
+    wgmma_rs_tb<HEAD_DIM_V, kBf16>(o_flat, probs[kk],
+                                   desc.v_ring.plus(v_slot * kVBytes + kk * 16 * kSubTileRowBytes).value(), 1);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(o_flat);
+  release_values(ring - 1);
+  store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
+}
+
+}  // namespace

@@ -1,0 +1,104 @@
+"""The chained walk of the Hopper forward (``TileShape.chained_walk``, ``cuda/fwd_hopper_chain.cuh``) on a real GPU.
+
+One key loop over all of a math warpgroup's works: it must give the same bits as the same tiles walked work by work,
+match the fp32 oracle, write every output element (the allocator is NaN-filled), and fall back to the work-by-work
+walk where it cannot store by boxes (varlen, a group that does not divide 16) or a work sees no key.
+Layout: q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("pycuda")
+
+from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
+from hf_flashpatch.kernels.build import device_arch  # noqa: E402
+from hf_flashpatch.kernels.heuristics import TileShape  # noqa: E402
+from hf_flashpatch.reference import attention_reference  # noqa: E402
+
+if device_arch(torch.device("cuda")) != "sm_90a":
+    pytest.skip("the chained walk is the Hopper body's", allow_module_level=True)
+
+CHAINED = TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2, tma_output=True,
+                    chained_walk=True)  # fmt: skip
+
+
+def _poison_allocator(nbytes: int) -> None:
+    blocks = [torch.full((max(nbytes // 4, 1),), float("nan"), device="cuda") for _ in range(3)]
+    del blocks
+
+
+def _launch(q, k, v, shape, launched, monkeypatch):
+    """The kernel with ``shape``; appends whether the chained build ran to ``launched``."""
+    real_get_kernel = forward_module.get_kernel
+
+    def recording_get_kernel(build, entry, *args, **kwargs):
+        launched.append(dict(build.defines).get("CHAINED_WALK") == "1")
+        return real_get_kernel(build, entry, *args, **kwargs)
+
+    monkeypatch.setattr(forward_module, "get_kernel", recording_get_kernel)
+    _poison_allocator(q.numel() * q.element_size())
+    return forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None, shape=shape)
+
+
+# (batch, seqlen_q, seqlen_k, heads, kv_heads): many works a CTA, one key tile, a key tile of one key, partial query
+# tiles, GQA groups that divide 16 (boxes) and one that does not (3: the work-by-work walk), more keys than queries.
+CASES = {
+    "8x2k-mha": (8, 2048, 2048, 16, 16),
+    "gqa4-partial": (1, 1000, 1000, 8, 2),
+    "g2-113": (2, 113, 113, 8, 4),
+    "g16-one-row": (1, 1, 1, 16, 1),
+    "one-key-tile": (2, 160, 160, 4, 4),
+    "last-tile-one-key": (4, 161, 161, 4, 4),
+    "g16-1023": (2, 1023, 1023, 32, 2),
+    "q300-k1000": (3, 300, 1000, 8, 8),
+    "g3-no-boxes": (2, 250, 250, 6, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_chained_walk_equals_the_work_by_work_walk(monkeypatch, case, dtype):
+    batch, seqlen_q, seqlen_k, heads, kv_heads = case
+    group = heads // kv_heads
+    torch.manual_seed(21)
+    q = torch.randn(batch, seqlen_q, heads, 128, device="cuda", dtype=dtype)
+    k = torch.randn(batch, seqlen_k, kv_heads, 128, device="cuda", dtype=dtype)
+    v = torch.randn(batch, seqlen_k, kv_heads, 128, device="cuda", dtype=dtype)
+    launched = []
+    out, lse = _launch(q, k, v, CHAINED, launched, monkeypatch)
+    assert launched[-1] == (16 % group == 0), (launched, group)
+    plain, plain_lse = _launch(q, k, v, dataclasses.replace(CHAINED, chained_walk=False), launched, monkeypatch)
+    assert not launched[-1]
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
+    ref, ref_lse = attention_reference(q.float(), k.float(), v.float())
+    assert (out.float() - ref).abs().max().item() < 2e-2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_chained_walk_falls_back_for_varlen_and_no_keys(monkeypatch):
+    """Varlen (no output boxes) and a problem without keys take the work-by-work walk: varlen gives each sequence's
+    batched bits, and zero keys give zeros with LSE -inf."""
+    torch.manual_seed(22)
+    batch, seqlen, heads = 3, 500, 8
+    q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
+    launched = []
+    out, _ = _launch(q, k, v, CHAINED, launched, monkeypatch)
+    assert launched[-1]
+    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * seqlen
+    packed, _ = forward_module._launch(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, seqlen, seqlen,
+                                       None, False, -1, -1, None, shape=CHAINED)  # fmt: skip
+    assert not launched[-1]
+    assert torch.equal(packed, out.flatten(0, 1))
+    empty = torch.empty(batch, 0, heads, 128, device="cuda", dtype=torch.bfloat16)
+    none_out, none_lse = _launch(q, empty, empty, CHAINED, launched, monkeypatch)
+    assert torch.equal(none_out, torch.zeros_like(none_out)) and torch.isneginf(none_lse).all()
