@@ -114,6 +114,11 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
   int ring = 0, i = 0;  // this step's ring tile, and its key tile within the current work
+  // Set at each work's start: the step that copies the next work's Q rows (-1: no next work).
+  int copy_step = -1;
+  auto start_work = [&]() { copy_step = has_work(round + 1) ? min(1, tile.keys.num_tiles - 1) : -1; };
+  start_work();
+  hfp::fwd::OnlineSoftmax<1> finished;  // the work before's softmax, kept for its store
   // Soft-cap, key-length mask and online softmax of this step's scores.
   auto softmax_of_step = [&]() {
     if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
@@ -125,7 +130,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   };
   // After a step: the next work's Q copy at this work's second step (or first), the next step's work.
   auto next_step = [&]() -> bool {
-    if (i == min(1, tile.keys.num_tiles - 1) && has_work(round + 1)) {
+    if (i == copy_step) {
       hfp::tma::bulk_wait_read<0>();  // the boxes staged in the other Q tile were read (only the first lane has any)
       __syncwarp();
       copy_warp_query_rows(q_tiles + (buffer ^ 1) * kQBytes, p, chain_work(p, round + 1), warp_row0, lane);
@@ -137,6 +142,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     ++round;
     buffer ^= 1;
     tile = chain_work(p, round);
+    start_work();
     query_rows_landed();
     i = 0;
     return true;
@@ -171,8 +177,10 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     wgmma_wait<1>();  // S retired; the P V may still run
     fence_operands(s_flat);
     release_keys(ring);
-    const hfp::fwd::OnlineSoftmax<1> finished = rows.softmax;  // the work before's, at a work's first step
-    if (first) rows.softmax.init();
+    if (first) {  // a fresh softmax for this work
+      finished = rows.softmax;
+      rows.softmax.init();
+    }
     softmax_of_step();
     if (__any_sync(0xffffffffu, rows.softmax.row_sum[0][0] < 0.f || rows.softmax.row_sum[0][1] < 0.f))
       __nanosleep(1);  // never taken (keep_wait_behind's reason; see above)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole GPU test grid in about three minutes on one H200: five pytest processes side by side, each with a
+# The whole GPU test grid in about three minutes on one H200: six pytest processes side by side, each with a
 # kernel cache of its own (they compile different builds), logs packed into one file (the device returns at most
 # eight files). Usage, from the project root on the GPU machine, with the missing wheels installed (gpu_check.sh):
 #   bash scripts/gpu_grid.sh OUT_DIR [seconds per group, default 230]
@@ -18,6 +18,7 @@ group() {  # name, pytest arguments
 }
 t0=$(date +%s)
 group forward tests/gpu/test_forward.py &
+group forward_chained tests/gpu/test_forward_chained_walk.py &
 group backward_core tests/gpu/test_backward.py -k "not varlen" &
 group backward_varlen_vdim tests/gpu/test_backward.py tests/gpu/test_value_head_dim_gpu.py -k "varlen or value_head_dim" &
 group training_sinks tests/gpu/test_training.py tests/gpu/test_sinks_gpu.py &

@@ -124,15 +124,18 @@ def test_all_builds_cover_every_dtype_head_dim_and_mask():
     # one build per dtype x head dim x masking: mma.sync at d32/d96/d256, the warp-specialised wgmma body at
     # d64/d128 and at q/k 192 with v 128 (multi-head latent attention); masked d128 has a second, for walks of one
     # work tile per CTA (heuristics.forward_tile_shape: the math warps copy Q), and unmasked d128 a second, its plain
-    # build beside the K/V multicast one (for walks that cannot take clusters: heuristics.clustered_schedule)
+    # build beside the K/V multicast one (for walks that cannot take clusters: heuristics.clustered_schedule), each
+    # chained and not (the chained walk and the same tiles work by work: heuristics.chained_walk_serves)
     pairs = len(HOPPER_VALUE_HEAD_DIM_SHAPES)
     assert len(configs) == (len(SUPPORTED_HEAD_DIMS) + pairs) * 2 * 2
-    assert len(BUILDS) == len(configs) + 4
-    twice = [k for k in configs if sum(key(b) == k for b in BUILDS) == 2]
-    assert sorted(twice) == [("0", "128", "128", "0"), ("0", "128", "128", "1"), ("1", "128", "128", "0"),
-                             ("1", "128", "128", "1")]  # fmt: skip
+    assert len(BUILDS) == len(configs) + 2 + 2 * 3
+    count = {k: sum(key(b) == k for b in BUILDS) for k in configs}
+    assert sorted(k for k, n in count.items() if n == 2) == [("0", "128", "128", "1"), ("1", "128", "128", "1")]
+    assert sorted(k for k, n in count.items() if n == 4) == [("0", "128", "128", "0"), ("1", "128", "128", "0")]
+    chained = [b for b in BUILDS if dict(b.defines).get("CHAINED_WALK")]
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in chained] == [("128", "0")] * 4
     clustered = [b for b in BUILDS if dict(b.defines).get("KV_CLUSTER")]
-    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in clustered] == [("128", "0")] * 2
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in clustered] == [("128", "0")] * 4
     assert {(d, d_v) for _, d, d_v, _ in configs if d_v not in (None, d)} == {
         (str(d), str(d_v)) for d, d_v in HOPPER_VALUE_HEAD_DIM_SHAPES}
     assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper_ws.cu"}
@@ -200,6 +203,13 @@ def test_config_rejects_bad_tiles():
         ForwardConfig(**{**multicast, "kv_cluster": 4})
     with pytest.raises(ValueError, match="the wgmma body's"):
         ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, kv_cluster=2)
+    chained = {**multicast, "tma_output": True, "chained_walk": True}
+    ForwardConfig(**chained)  # the unmasked d128 shape's
+    for wrong in ({"has_mask": True}, {"tma_output": False}, {"block_n": 64}):  # masks, no boxes, rescale after P V
+        with pytest.raises(ValueError, match="chained walk"):
+            ForwardConfig(**{**chained, **wrong})
+    with pytest.raises(ValueError, match="the wgmma body's"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, chained_walk=True)
 
 
 def test_op_schema_and_fake_shapes():

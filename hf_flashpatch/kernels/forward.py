@@ -43,9 +43,9 @@ from ..errors import KernelUnsupported
 from . import forward_torch, tma
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
-from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, clustered_schedule,
-                         forward_tile_shape, hopper_forward_schedule, leading_rows, native_value_head_dim,
-                         padding_head_dims)
+from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chained_walk_serves,
+                         clustered_schedule, forward_tile_shape, hopper_forward_schedule, leading_rows,
+                         native_value_head_dim, padding_head_dims)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -125,11 +125,12 @@ class ForwardConfig:
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
-                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/176, a producer "
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160/176, a producer "
                              f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
                              f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
                              f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "
-                             f"tile computed), got {self}")  # fmt: skip
+                             f"tile computed; the chained walk unmasked, with the output boxes, at one head dim and "
+                             f">= 128-key tiles), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -364,10 +365,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
             config = dataclasses.replace(config, kv_cluster=1)
     o_tma, o_box_heads = _output_map(config, out, group, varlen)
-    if config.chained_walk and not (o_box_heads and seqlen_k > 0):
-        # The chained walk stores every work by boxes and takes every work to see a key tile; otherwise the same
-        # tiles walk work by work (the same bits).
-        config = dataclasses.replace(config, chained_walk=False)
+    if config.chained_walk and not chained_walk_serves(seqlen_k, o_box_heads > 0):
+        config = dataclasses.replace(config, chained_walk=False)  # the same tiles work by work: the same bits
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     q_tma, q_box_heads = _query_map(config, q, group)

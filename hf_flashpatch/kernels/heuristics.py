@@ -58,21 +58,23 @@ class TileShape:
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
 # of key tiles (K and V on barriers of their own), and math warpgroups of 64 rows each, every key tile's softmax
 # under the previous tile's P V (FA3's intra-warpgroup overlap). (head dim, masked) -> shape.
-# - d128: two math warpgroups at 240 registers. Unmasked: 176-key tiles in two stages (FlashAttention-3's non-causal
-#   tile; 208 KB). Masked: 128-key tiles in three stages (the masked 176-key build spills) and Q by the TMA from a
-#   producer thread (the split then 40 / 232 registers) where a CTA walks several works (forward_tile_shape); the
-#   unmasked 176-key build does not gain from it (notes/forward.md, decision log). Unmasked, two CTAs of a cluster share
-#   each K/V tile by a TMA multicast (kv_cluster=2: half the L2 traffic, 0.98 of the kernel time at 16k) where
-#   clustered_schedule allows it, else the same shape's plain build; each math warp stores its output rows with the TMA
-#   from its Q rows (tma_output; batched, groups dividing 16: 0.985-0.994 of the kernel time at 8x2k).
+# - d128: two math warpgroups at 240 registers. Unmasked: 160-key tiles in two stages, where two Q tiles fit beside
+#   the ring (225 KB) for the chained walk (chained_walk: one key loop over a warpgroup's works where
+#   chained_walk_serves, the same tiles work by work elsewhere; as fast as FlashAttention-3's 176-key tile there).
+#   Masked: 128-key tiles in three stages (masked 176-key tiles spilled) and Q by the TMA from a producer thread
+#   (the split then 40 / 232 registers) where a CTA walks several works (forward_tile_shape); the unmasked build does
+#   not gain from it (notes/forward.md, decision log). Unmasked, two CTAs of a cluster share each K/V tile by a TMA
+#   multicast (kv_cluster=2: half the L2 traffic) where clustered_schedule allows it, else the same shape's plain
+#   build; each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing
+#   16).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160 registers
 #   (32 + 3 x 160), and one K/V tile serves 1.5x the rows; two stages unmasked, three masked (a causal work's first tiles
 #   come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a warpgroup's last S retired, and
 #   a warpgroup computes only the key tiles its 64 rows see (a causal diagonal crosses a 192-row tile over two or three
 #   128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
-    (128, False): TileShape(block_m=128, block_n=176, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
-                            tma_output=True),
+    (128, False): TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
+                            tma_output=True, chained_walk=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                            own_key_tiles=True),
@@ -206,6 +208,20 @@ def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, 
     if resident_clusters() * kv_cluster < walk.ctas:
         return plain
     return dataclasses.replace(walk, kv_cluster=kv_cluster)
+
+
+# The chained walk (TileShape.chained_walk, cuda/fwd_hopper_chain.cuh) removes a work's boundary costs (first S
+# alone, last P V alone, stores, Q wait), but its step is a little longer than the work-by-work loop's: it pays
+# where works are short. Beyond this many keys the same tiles walk work by work (the same bits either way;
+# notes/forward.md, decision log).
+CHAINED_WALK_MAX_KEYS = 4096
+
+
+def chained_walk_serves(seqlen_k: int, output_boxes: bool) -> bool:
+    """Whether a launch of a shape with ``chained_walk`` runs the chained walk: its works store by output boxes
+    (batched, a group dividing 16: ``forward._output_map``), each sees a key, and they see at most
+    :data:`CHAINED_WALK_MAX_KEYS` keys."""
+    return output_boxes and 0 < seqlen_k <= CHAINED_WALK_MAX_KEYS
 
 
 def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair_kv_bytes: int) -> HopperSchedule:

@@ -19,14 +19,15 @@ pytest.importorskip("pycuda")
 
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
-from hf_flashpatch.kernels.heuristics import TileShape  # noqa: E402
+from hf_flashpatch.kernels.heuristics import CHAINED_WALK_MAX_KEYS, HOPPER_SHAPES  # noqa: E402
 from hf_flashpatch.reference import attention_reference  # noqa: E402
 
 if device_arch(torch.device("cuda")) != "sm_90a":
     pytest.skip("the chained walk is the Hopper body's", allow_module_level=True)
 
-CHAINED = TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2, tma_output=True,
-                    chained_walk=True)  # fmt: skip
+CHAINED = HOPPER_SHAPES[(128, False)]
+if not CHAINED.chained_walk:
+    pytest.skip("the unmasked d128 shape does not chain", allow_module_level=True)
 
 
 def _poison_allocator(nbytes: int) -> None:
@@ -83,9 +84,9 @@ def test_chained_walk_equals_the_work_by_work_walk(monkeypatch, case, dtype):
     torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
 
 
-def test_chained_walk_falls_back_for_varlen_and_no_keys(monkeypatch):
-    """Varlen (no output boxes) and a problem without keys take the work-by-work walk: varlen gives each sequence's
-    batched bits, and zero keys give zeros with LSE -inf."""
+def test_chained_walk_falls_back_for_varlen_long_keys_and_no_keys(monkeypatch):
+    """Varlen (no output boxes), more keys than CHAINED_WALK_MAX_KEYS and a problem without keys take the work-by-work
+    walk: varlen gives each sequence's batched bits, and zero keys give zeros with LSE -inf."""
     torch.manual_seed(22)
     batch, seqlen, heads = 3, 500, 8
     q = torch.randn(batch, seqlen, heads, 128, device="cuda", dtype=torch.bfloat16)
@@ -99,6 +100,9 @@ def test_chained_walk_falls_back_for_varlen_and_no_keys(monkeypatch):
                                        None, False, -1, -1, None, shape=CHAINED)  # fmt: skip
     assert not launched[-1]
     assert torch.equal(packed, out.flatten(0, 1))
+    long_keys = torch.randn(1, CHAINED_WALK_MAX_KEYS + 1, heads, 128, device="cuda", dtype=torch.bfloat16)
+    _launch(q[:1], long_keys, long_keys, CHAINED, launched, monkeypatch)
+    assert not launched[-1]
     empty = torch.empty(batch, 0, heads, 128, device="cuda", dtype=torch.bfloat16)
     none_out, none_lse = _launch(q, empty, empty, CHAINED, launched, monkeypatch)
     assert torch.equal(none_out, torch.zeros_like(none_out)) and torch.isneginf(none_lse).all()
