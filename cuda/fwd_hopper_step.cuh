@@ -28,8 +28,7 @@ constexpr int kKBytes = BLOCK_N * HEAD_DIM * 2;    // one K tile
 constexpr int kVBytes = BLOCK_N * HEAD_DIM_V * 2;  // one V tile
 static_assert((HEAD_DIM == HEAD_DIM_V && (HEAD_DIM == 64 || HEAD_DIM == 128)) || (HEAD_DIM == 192 && HEAD_DIM_V == 128),
               "the wgmma forward serves head dims 64 and 128, and 192 with a v head dim of 128");
-static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 160 || BLOCK_N == 176,
-              "S = Q K^T uses wgmma n64, n128, n160 or n176");
+static_assert(BLOCK_N == 64 || BLOCK_N == 128 || BLOCK_N == 160, "S = Q K^T uses wgmma n64, n128 or n160");
 #ifndef CHAINED_WALK
 #define CHAINED_WALK 0
 #endif

@@ -29,7 +29,7 @@
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
 // mask overwrites whatever the product gave), and the math warps zero those V rows before P V reads them.
 //
-// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 176),
+// Compile-time configuration: HEAD_DIM and HEAD_DIM_V (64/64, 128/128 or 192/128), BLOCK_N (64, 128 or 160),
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),

@@ -198,14 +198,12 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
 #define HFP_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define HFP_REGS64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define HFP_ACC80(d) HFP_ACC64(d), HFP_ACC8(d, 64), HFP_ACC8(d, 72)
-#define HFP_ACC88(d) HFP_ACC80(d), HFP_ACC8(d, 80)
 #define HFP_REGS80 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
-#define HFP_REGS88 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87"
 #define HFP_BOTH_TYPES(ISSUE) \
   if constexpr (kBf16) ISSUE("bf16.bf16"); \
   else ISSUE("f16.f16")
 
-// D (64 x N, fp32) (+)= A (64 x 16, smem) * B (16 x N, smem), N = 32, 64, 128, 160 or 176; kTransA / kTransB = 0: K-major
+// D (64 x N, fp32) (+)= A (64 x 16, smem) * B (16 x N, smem), N = 32, 64, 128 or 160; kTransA / kTransB = 0: K-major
 // operand (the reduction index runs along a stored row), 1: MN-major. accumulate = 0 ignores D's old value.
 // HFP_WGMMA_SS: the statement for N with its accumulator list and the operand numbers of the predicate's source,
 // the two descriptors and the two transposes.
@@ -217,22 +215,19 @@ __device__ __forceinline__ void fence_operands(uint32_t (&r)[N]) {
                : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransA), "n"(kTransB))
 template <int N, bool kBf16, int kTransA = 0, int kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128 || N == 160 || N == 176, "wgmma_ss: n = 32, 64, 128, 160 or 176");
+  static_assert(N == 32 || N == 64 || N == 128 || N == 160, "wgmma_ss: n = 32, 64, 128 or 160");
 #define ISSUE32(ab) HFP_WGMMA_SS(ab, 32, HFP_REGS16, HFP_ACC16, 18, 16, 17, 19, 20)
 #define ISSUE64(ab) HFP_WGMMA_SS(ab, 64, HFP_REGS32, HFP_ACC32, 34, 32, 33, 35, 36)
 #define ISSUE128(ab) HFP_WGMMA_SS(ab, 128, HFP_REGS64, HFP_ACC64, 66, 64, 65, 67, 68)
 #define ISSUE160(ab) HFP_WGMMA_SS(ab, 160, HFP_REGS80, HFP_ACC80, 82, 80, 81, 83, 84)
-#define ISSUE176(ab) HFP_WGMMA_SS(ab, 176, HFP_REGS88, HFP_ACC88, 90, 88, 89, 91, 92)
   if constexpr (N == 32) { HFP_BOTH_TYPES(ISSUE32); }
   else if constexpr (N == 64) { HFP_BOTH_TYPES(ISSUE64); }
   else if constexpr (N == 128) { HFP_BOTH_TYPES(ISSUE128); }
-  else if constexpr (N == 160) { HFP_BOTH_TYPES(ISSUE160); }
-  else { HFP_BOTH_TYPES(ISSUE176); }
+  else { HFP_BOTH_TYPES(ISSUE160); }
 #undef ISSUE32
 #undef ISSUE64
 #undef ISSUE128
 #undef ISSUE160
-#undef ISSUE176
 }
 
 // D (64 x N, fp32) += A (64 x 16, registers, mma.sync A-fragment layout per warp) * B (16 x N, smem, MN-major: the

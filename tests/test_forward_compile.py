@@ -195,7 +195,7 @@ def test_config_rejects_bad_tiles():
         ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)  # no producer
     with pytest.raises(ValueError, match="invalid wgmma tile"):
         ForwardConfig(head_dim=96, dtype="bf16", block_m=128, block_n=128, num_warps=8, wgmma=True)
-    multicast = dict(head_dim=128, dtype="bf16", block_m=128, block_n=176, num_warps=12, wgmma=True, kv_cluster=2)
+    multicast = dict(head_dim=128, dtype="bf16", block_m=128, block_n=160, num_warps=12, wgmma=True, kv_cluster=2)
     ForwardConfig(**multicast)  # the unmasked d128 shape's
     with pytest.raises(ValueError, match="invalid wgmma tile"):  # a masked walk's works see different key tiles
         ForwardConfig(**multicast, has_mask=True)

@@ -111,7 +111,7 @@ class ForwardConfig:
         dims = (self.head_dim, self.value_dim)
         ok = (
             (dims in ((64, 64), (128, 128)) or dims in HOPPER_VALUE_HEAD_DIM_SHAPES)
-            and self.block_n in (64, 128, 160, 176) and rest == 0
+            and self.block_n in (64, 128, 160) and rest == 0
             and (math_warpgroups == 2 or (math_warpgroups == 3 and dims == (64, 64)))
             and self.block_m == 64 * math_warpgroups
             and self.kv_stages >= 2
@@ -125,7 +125,7 @@ class ForwardConfig:
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
-                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160/176, a producer "
+                             f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160, a producer "
                              f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
                              f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
                              f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "

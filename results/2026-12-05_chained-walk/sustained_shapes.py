@@ -4,7 +4,8 @@
 
 Shapes (bench_forward's 16k tokens per batch, 16 heads, bf16; each launched explicitly through forward._launch):
 n176 (main's unmasked d128 shape) twice (an A/A pair), n160 (the same walk on 160-key tiles) and chain (the chained
-walk on them). Prints each shape's speed over cuDNN's, as bench_sustained does.
+walk on them). Prints each shape's speed over cuDNN's, as bench_sustained does. Runs on the tree of commit 94bc81c
+(176-key tiles were deleted after call 3: tag forward-176-key-tiles-last).
 """
 
 import argparse
