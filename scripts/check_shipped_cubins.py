@@ -97,6 +97,11 @@ def shipped_builds() -> dict:
                     builds[key] = config.build(arch)
                     if getattr(config, "kv_cluster", 1) > 1:  # the plain build of walks that cannot take clusters
                         builds[f"{key}/plain_walk"] = dataclasses.replace(config, kv_cluster=1).build(arch)
+                    if getattr(config, "chained_walk", False):  # the same tiles work by work, clustered or not
+                        work_by_work = dataclasses.replace(config, chained_walk=False)
+                        builds[f"{key}/work_by_work"] = work_by_work.build(arch)
+                        if work_by_work.kv_cluster > 1:
+                            builds[f"{key}/work_by_work_plain"] = dataclasses.replace(work_by_work, kv_cluster=1).build(arch)
                     if "one_cta_per_tile" in inspect.signature(forward_config).parameters:  # the Hopper walk's form
                         build = forward_config(d, dtype_name, mask, arch, one_cta_per_tile=True).build(arch)
                         if build != builds[key]:
