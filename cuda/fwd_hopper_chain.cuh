@@ -77,7 +77,7 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P V retired, a work's first
 // step stores the work before and zeroes O for this work's first P V. The next work's Q rows are copied at the
 // current work's second step (its first, if it has one key tile), once the boxes staged in that Q tile were read.
-// Every work sees a key tile (the launch: seqlen_k > 0).
+// Every work sees a key tile, and at most heuristics.CHAINED_WALK_MAX_KEYS keys (heuristics.chained_walk_serves).
 // ptxas placement (checked in the SASS): a peeled first step, not a P of zeros through the common step, and O zeroed
 // rather than a runtime accumulate flag, keep the rescale under S without an injected wait (C7517); the never-taken
 // branch that keeps the P V wait behind the exponentials sleeps rather than traps (a trap there serialised every
