@@ -258,19 +258,21 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
                                             warpgroup * (64 * kSubTileRowBytes) + (warp & 1) * (16 * HEAD_DIM_V * 2);
   const bool tma_output = kTmaOutput && p.o_box_heads > 0;
 
+  // The K/V ring's hand-over, per ring tile r: wait until its K (or V) landed (its slot), and this warp is done with it.
+  auto wait_slot = [&](uint32_t full_bars, int r) -> uint32_t {
+    const int slot = r % KV_STAGES;
+    mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
+    return slot;
+  };
+  auto release = [&](uint32_t empty_bars, int r) {
+    __syncwarp();
+    if (first_lane()) {
+      mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+      // A multicast slot is rewritten in both CTAs: the other CTA's producer waits for this warp too.
+      if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
+    }
+  };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
-    auto wait_slot = [&](uint32_t full_bars, int r) -> uint32_t {  // ring tile r's K (or V) landed: its slot
-      const int slot = r % KV_STAGES;
-      mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
-      return slot;
-    };
-    auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
-      __syncwarp();
-      if (first_lane()) {
-        mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
-        if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
-      }
-    };
     chained_walk(
         p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup,
         [&](int r) { return wait_slot(k_full_bars, r); }, [&](int r) { return wait_slot(v_full_bars, r); },
@@ -299,16 +301,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     // This warpgroup's rows may see fewer key tiles than the work's (a causal diagonal's first tiles, a window's
     // last ones): it hands those slots back unread once they landed, so every warp arrives on each slot's
     // "empty" barrier once per pass, and every math thread takes part in zeroing a partial first tile.
-    auto wait_values = [&](int r) -> uint32_t {  // ring tile r's V landed
-      const int slot = r % KV_STAGES;
-      mbarrier_wait(v_full_bars + 8 * slot, (r / KV_STAGES) & 1);
-      return slot;
-    };
+    auto wait_values = [&](int r) -> uint32_t { return wait_slot(v_full_bars, r); };  // ring tile r's V landed
     // Ring tile r's K landed; with zero_values (a varlen sequence's partial first tile, so only outside the key
     // loop's steady state) its V too, whose rows past the sequence's end become zeros before any P V reads them.
     auto wait_keys = [&](int r, bool zero_values) -> uint32_t {
-      const int slot = r % KV_STAGES;
-      mbarrier_wait(k_full_bars + 8 * slot, (r / KV_STAGES) & 1);
+      const uint32_t slot = wait_slot(k_full_bars, r);
       if (zero_values) {
         wait_values(r);
         const int first_row = tile.span.seqlen_k - first_key0;
@@ -318,14 +315,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
         named_barrier_sync(kMathBarrier, kMathThreads);
       }
       return slot;
-    };
-    auto release = [&](uint32_t empty_bars, int r) {  // this warp is done with ring tile r's K (or V)
-      __syncwarp();
-      if (first_lane()) {
-        mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
-        // A multicast slot is rewritten in both CTAs: the other CTA's producer waits for this warp too.
-        if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
-      }
     };
     // K is handed back once S retired, V once P V did.
     auto release_keys = [&](int r) { release(k_empty_bars, r); };
