@@ -1,8 +1,10 @@
-"""Step timeline of the unmasked d128 chained walk at 8 x 2048 (scratch instrumentation, session 47; not shipped).
+"""Step timeline of the unmasked d128 chained walk (scratch instrumentation, session 47; not shipped).
 
-    python results/2026-12-05_chain-boundary/chain_timeline.py TREE
+    python results/2026-12-05_chain-boundary/chain_timeline.py TREE [SEQLEN]
 
-TREE is a copy of the project whose cuda/ carries chain_timeline.diff: each math warpgroup's first thread of CTAs 0-7
+16k tokens (batch 16384 / SEQLEN, default 2048), 16 heads.
+TREE is a copy of the project whose cuda/ carries chain_timeline.diff (main) or chain_timeline_shadow.diff (tag
+s47-shadow-boundary-lost): each math warpgroup's first thread of CTAs 0-7
 records clock() at five points of every step of its chained walk (loop top, K landed, V landed, S retired, P V
 retired, after the store of a work's first step), the producer thread the clock before and after its wait for each
 ring tile's K slot. Prints, per key tile index within a work (0 = a work's first step, which stores the work before),
@@ -32,7 +34,8 @@ def read_global(name):
 
 def main() -> None:
     print(forward.__file__, torch.cuda.get_device_name())
-    batch, seqlen, tiles = 8, 2048, 13
+    seqlen = int(sys.argv[2]) if len(sys.argv) > 2 else 2048
+    batch, tiles = 16384 // seqlen, -(-seqlen // 160)
     q, k, v = (torch.randn(batch, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     call = lambda: forward.attention_forward(q, k, v, causal=False, softmax_scale=None, window_left=-1,  # noqa: E731
                                              window_right=-1, softcap=None)
@@ -42,9 +45,9 @@ def main() -> None:
     read_global("hfp_tl_math"), read_global("hfp_tl_prod")
     call()
     torch.cuda.synchronize()
-    math = read_global("hfp_tl_math").reshape(8, 2, 256, 6)
-    prod = read_global("hfp_tl_prod").reshape(8, 256, 2)
-    steps = 16 * tiles  # works a CTA at most x key tiles
+    math = read_global("hfp_tl_math").reshape(8, 2, 512, 6)
+    prod = read_global("hfp_tl_prod").reshape(8, 512, 2)
+    steps = min(16 * tiles, 512)  # works a CTA at most x key tiles, as many as the instrumentation keeps
     wrap = lambda x: (x + (1 << 32)) % (1 << 32)  # noqa: E731  clock() is 32-bit
     rows = {}
     for cta in range(8):
@@ -59,7 +62,7 @@ def main() -> None:
                     wrap(t[j + 1, 0] - t[j, 5]),
                     wrap(t[j, 1] - prod[cta, j, 1]) if prod[cta, j, 1] else -1,
                     wrap(prod[cta, j, 1] - prod[cta, j, 0]) if prod[cta, j, 1] else -1])
-    print("median clocks of a step, by key tile within a work (CTAs 0-7, both math warpgroups)")
+    print(f"{batch} x {seqlen}: median clocks of a step, by key tile within a work (CTAs 0-7, both math warpgroups)")
     print(" tile   step  K wait  V wait  S ret  PV ret  store  ->next  K claimed->landed  producer slot wait")
     total = 0
     for i in sorted(rows):
