@@ -16,7 +16,7 @@ from .api import (
     flash_attn_with_kvcache,
     kv_append,
 )
-from .convert import ConversionError
+from .checkpoint_conversion import ConversionError
 from .errors import KernelUnsupported, PagePoolExhausted, UnsupportedModel
 
 # The name registered with transformers. It must not contain "flash", "sdpa", "flex_attention" or

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     if command == "demo":
         from .demo import main as run
     elif command == "convert":
-        from .convert import main as run
+        from .checkpoint_conversion import main as run
     elif command == "doctor":
         from .doctor import main as run
     else:

@@ -290,7 +290,7 @@ def test_block_table_call_folds_attention_sinks_in():
 def test_generate_batch_with_sinks_on_the_block_table_route(api_calls, monkeypatch):
     """A sink model whose layers are all full attention keeps the block-table route on: each prompt's tokens as
     its greedy generate alone."""
-    from test_architectures import tiny_config
+    from architecture_matrix import tiny_config
     from transformers import AutoModelForCausalLM
 
     import hf_flashpatch

@@ -9,14 +9,13 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hf_flashpatch.checkpoint_conversion import convert_checkpoint, main
 from hf_flashpatch.convert import (
     DEFAULT_METHOD,
     METHODS,
     check_convertible,
-    convert_checkpoint,
     convert_to_gqa,
     expand_kv_heads,
-    main,
     pool_heads,
 )
 

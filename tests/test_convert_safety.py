@@ -27,7 +27,7 @@ from transformers import AutoConfig, PreTrainedModel
 
 from hf_flashpatch import atomic_dir as atomic_dir_module
 from hf_flashpatch.atomic_dir import leftovers, recover
-from hf_flashpatch.convert import ConversionError, convert_checkpoint, main
+from hf_flashpatch.checkpoint_conversion import ConversionError, convert_checkpoint, main
 
 REPO = Path(__file__).absolute().parents[1]
 
@@ -201,7 +201,7 @@ def test_sigkill_during_a_reconversion_then_rerun(converted):
     proc = _run_python(f"""
         import os, signal
         from transformers import PreTrainedModel
-        from hf_flashpatch.convert import convert_checkpoint
+        from hf_flashpatch.checkpoint_conversion import convert_checkpoint
         save = PreTrainedModel.save_pretrained
 
         def save_then_die(self, *args, **kwargs):  # the weights written, tokenizer and record not yet
@@ -327,7 +327,7 @@ def test_external_sigkill_while_reconverting_smollm2(tmp_path):
 
 def test_a_count_the_config_refuses_makes_no_folder_and_loads_no_model(tmp_path, monkeypatch):
     """The refusal came after the model load (30 s for SmolLM2), and the destination's parents were made first."""
-    import hf_flashpatch.convert as convert_module
+    import hf_flashpatch.checkpoint_conversion as convert_module
 
     tiny_model("llama", heads=8, kv_heads=4).save_pretrained(tmp_path / "src")
     monkeypatch.setattr(convert_module, "_load_source", lambda *args: pytest.fail("the model was loaded"))

@@ -281,7 +281,7 @@ def test_smollm2_layout_twin_and_exact_maps(smollm2):
 @pytest.mark.slow
 def test_smollm2_mqa_pca_perplexity_at_least_20x_below_mean(smollm2):
     """The issue's bar on a small eval: 3 -> 1 KV heads, no training, held-out Wikipedia text."""
-    from hf_flashpatch.convert import _heldout_perplexity
+    from hf_flashpatch.checkpoint_conversion import _heldout_perplexity
     from hf_flashpatch.gqa_calibration import heldout_ids
 
     model, tokenizer = smollm2

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("pycuda")
 
 import hf_flashpatch  # noqa: E402
-import test_architectures as matrix  # noqa: E402 - tests/ is on sys.path (rootdir-relative imports)
+import architecture_matrix as matrix  # noqa: E402 - tests/ is on sys.path (rootdir-relative imports)
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from .greedy import first_divergence_is_near_tie  # noqa: E402
