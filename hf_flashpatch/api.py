@@ -35,7 +35,8 @@ masked first. A NaN or inf in v is not masked (a masked key's weight 0 times inf
 
 Table contents (``cu_seqlens_*`` and ``max_seqlen_*``, ``cache_seqlens``, ``page_table`` and
 ``seqlens_k``): ``cu_seqlens`` start at 0, never decrease and end within the rows of q/k (rows past
-the end are padding: zeros out, ``-inf`` lse); lengths lie in ``[0, capacity]``; every page a
+the end are padding: zeros out, ``-inf`` lse, where the tables were checked; unchecked, the kernels leave
+them unwritten, as flash-attn does); lengths lie in ``[0, capacity]``; every page a
 sequence reads lies in ``[0, num_pages)``. Tables on the CPU are always checked. CUDA tables are
 checked in eager mode by one combined check per call that costs one device-to-host sync; pass
 ``check_inputs=False`` to skip it when the caller built the tables itself (a decode loop). They are
@@ -80,12 +81,15 @@ def _kernel_call(q: torch.Tensor, run):
         return None
 
 
-def _finish(res, fall_back, return_lse: bool, sinks, padding_from=None):
+def _finish(res, fall_back, return_lse: bool, sinks, padding_from=None, checked_end: int | None = None):
     """The kernel's ``(out, lse)``, else ``fall_back(want_lse)``'s; sinks folded in (:mod:`.sinks`); out contiguous
     on every path. ``padding_from`` (packed calls: ``cu_seqlens_q[-1]``, a tensor): the rows from there on belong to
-    no sequence and keep lse ``-inf`` with sinks too."""
+    no sequence and keep lse ``-inf`` with sinks too. ``checked_end``: the same row as a host int, where the
+    table check read it: those rows become 0 and ``-inf`` on every path (the kernels do not write them)."""
     if res is None:
         res = fall_back(return_lse or sinks is not None)
+    if checked_end is not None:
+        res = _clear_padding_rows(res, checked_end)
     if sinks is not None:
         out, lse = add_sinks(*res, sinks)  # out (T_q, H, D_v), lse (H, T_q) when packed
         if padding_from is not None:
@@ -96,6 +100,19 @@ def _finish(res, fall_back, return_lse: bool, sinks, padding_from=None):
         return res.contiguous()
     out = res[0].contiguous()
     return (out, res[1]) if return_lse else out
+
+
+def _clear_padding_rows(res, end: int):
+    """Packed ``out (T_q, H, D_v)`` [, ``lse (H, T_q)``] with rows ``end:`` (no sequence's) 0 and ``-inf``. Out of
+    place: ``out`` may be an autograd output its backward reads; rows past the end get no gradient."""
+    out, lse = res if isinstance(res, tuple) else (res, None)
+    tail = out.shape[0] - end
+    if tail <= 0:
+        return res
+    out = torch.cat((out[:end], out.new_zeros((tail, *out.shape[1:]))))  # (T_q, H, D_v)
+    if lse is None:
+        return out
+    return out, torch.cat((lse[:, :end], lse.new_full((lse.shape[0], tail), float("-inf"))), dim=1)  # (H, T_q)
 
 
 def _shapes_only(q, head_dim_v: int, return_lse: bool):
@@ -181,12 +198,12 @@ def flash_attn_varlen_func(
 ):
     """Packed sequences (no padding): q ``(T_q, H, D)``, k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``; sequence
     ``i`` is rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
-    are padding. ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D_v)``
+    are padding (0 out, ``-inf`` lse where the tables were checked). ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D_v)``
     and, with ``return_lse``, ``lse (H, T_q)`` fp32. ``check_inputs=False`` skips the check of the
     tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
-    check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
+    checked_end = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
     sinks = check_sinks(sinks, q)
     if q.device.type == "meta":
         return _shapes_only(q, v.shape[-1], return_lse)
@@ -207,7 +224,7 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=lse, **common
     )
     padding_from = cu_seqlens_q[-1] if sinks is not None else None  # only sinks give padding rows an lse
-    return _finish(res, fall_back, return_lse, sinks, padding_from=padding_from)
+    return _finish(res, fall_back, return_lse, sinks, padding_from=padding_from, checked_end=checked_end)
 
 
 def flash_attn_with_kvcache(
@@ -425,7 +442,8 @@ def flash_attn_slot_varlen_func(
     if slots.device != q.device:
         raise ValueError(f"slots must be on {q.device}, got {slots.device}")
     # The keys are the rows of slots: they stand in for k in the check of cu_seqlens_k.
-    check_varlen(q, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs, keys_name="slots")
+    checked_end = check_varlen(q, slots, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs,
+                               keys_name="slots")  # fmt: skip
     if content_checks_enabled(check_inputs, slots):
         used = slots[: int(cu_seqlens_k[-1])].tolist()
         bad = next((t for t, s in enumerate(used) if not 0 <= s < k_pool.shape[0]), None)
@@ -451,9 +469,11 @@ def flash_attn_slot_varlen_func(
     res = _kernel_call(q, run)
     if res is None:
         k, v = _gather_slots(k_pool, v_pool, slots)
-        return fallback.varlen_attention(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=return_lse, **common
+        res = fallback.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, return_lse=True, **common
         )
+    if checked_end is not None:
+        res = _clear_padding_rows(res, checked_end)
     return res if return_lse else res[0]
 
 

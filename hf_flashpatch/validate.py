@@ -261,10 +261,11 @@ def _check_cu_values(cu: list[int], name: str, total: int, rows: str) -> None:
 
 
 def check_varlen_contents(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int, max_seqlen_q, max_seqlen_k,
-                          keys_name: str = "k") -> None:  # fmt: skip
+                          keys_name: str = "k") -> int:  # fmt: skip
     """``cu_seqlens_*`` start at 0, never decrease and end within q/k's rows (rows past the end are
     padding that belongs to no sequence), and ``max_seqlen_*`` bound every sequence (the kernels
-    size their grids by them). ``keys_name``: what holds the keys' rows, as the caller's errors name it."""
+    size their grids by them). ``keys_name``: what holds the keys' rows, as the caller's errors name it.
+    Returns ``cu_seqlens_q[-1]``, where q's padding rows start."""
     cq, ck = _to_host(cu_seqlens_q, cu_seqlens_k)
     for cu, name, total, rows, longest, max_name in (
         (cq, "cu_seqlens_q", total_q, "q", max_seqlen_q, "max_seqlen_q"),
@@ -276,6 +277,7 @@ def check_varlen_contents(cu_seqlens_q, cu_seqlens_k, total_q: int, total_k: int
         if lengths[seq] > int(longest):
             _fail(f"{max_name} = {int(longest)} is less than sequence {seq}'s {lengths[seq]} rows "
                   f"({name} {_quote(cu)}); the kernels would leave rows past {max_name} unwritten")  # fmt: skip
+    return cq[-1]
 
 
 def check_cache_seqlens_contents(cache_seqlens: torch.Tensor, cache_len: int) -> None:
@@ -318,9 +320,10 @@ def check_page_table_contents(page_table: torch.Tensor, seqlens: torch.Tensor, n
 
 
 def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs: bool,
-                 keys_name: str = "k") -> None:  # fmt: skip
+                 keys_name: str = "k") -> int | None:  # fmt: skip
     """flash_attn_varlen_func's tables: structure always, contents as the module docstring says. ``keys_name``:
-    what ``k`` is in the caller's signature (the slot function passes its ``slots``)."""
+    what ``k`` is in the caller's signature (the slot function passes its ``slots``). Returns
+    ``cu_seqlens_q[-1]`` where the contents were checked (the host read it), else None."""
     check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.device)
     check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", q.device)
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
@@ -333,8 +336,9 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
         except TypeError:
             raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}") from None
     if content_checks_enabled(check_inputs, cu_seqlens_q, cu_seqlens_k):
-        check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
-                              keys_name)  # fmt: skip
+        return check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
+                                     keys_name)  # fmt: skip
+    return None
 
 
 def check_kvcache(q, k_cache, cache_seqlens, check_inputs: bool) -> None:

@@ -63,6 +63,31 @@ def test_varlen_padding_rows_keep_minus_inf_lse_with_sinks():
     torch.testing.assert_close(lse[:, :4], torch.logaddexp(plain[:, :4], sinks[:, None]))
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_varlen_rows_past_the_last_sequence_are_zero_where_the_tables_were_checked(monkeypatch, grad):
+    """The kernels write no row past ``cu_seqlens_q[-1]`` (flash-attn's behaviour); where the call checked its
+    tables (CPU tables always, CUDA ones unless ``check_inputs=False``), those rows come back 0 with lse ``-inf``,
+    as on the torch path, also for an autograd output; the sequences' rows are the kernel's, untouched."""
+    from hf_flashpatch import api, fallback
+
+    q, k, v = torch.randn(9, 4, 16, requires_grad=grad), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)  # rows 7 and 8: no sequence's
+    common = dict(causal=True, window=None, softmax_scale=None, softcap=None, return_lse=True)
+    want, want_lse = fallback.varlen_attention(q, k, v, cu, cu, **common)
+    unwritten = torch.arange(9) >= 7  # (T_q,)
+    kernel_result = (want.masked_fill(unwritten[:, None, None], float("nan")), want_lse.masked_fill(unwritten, float("nan")))
+    monkeypatch.setattr(api, "_kernel_call", lambda q_, run: kernel_result)  # what the kernels give
+    out, lse = hfp.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, causal=True, return_lse=True)
+    assert torch.equal(out[7:], torch.zeros_like(out[7:])) and torch.isneginf(lse[:, 7:]).all()
+    assert torch.equal(out[:7], want[:7]) and torch.equal(lse[:, :7], want_lse[:, :7])
+    if grad:
+        out.sum().backward()
+        assert torch.equal(q.grad[7:], torch.zeros_like(q.grad[7:])) and torch.isfinite(q.grad).all()
+    with torch.no_grad():
+        slot_out = hfp.flash_attn_slot_varlen_func(q, k, v, torch.arange(9), cu, cu, 4, 4, causal=True)
+    assert torch.equal(slot_out[7:], torch.zeros_like(slot_out[7:])) and torch.equal(slot_out[:7], want[:7])
+
+
 @pytest.mark.parametrize("table", ["cache_seqlens", "page_table", "seqlens_k"])
 def test_index_tables_on_another_device_are_named(table):
     if table == "cache_seqlens":

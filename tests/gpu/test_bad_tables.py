@@ -266,3 +266,28 @@ def test_scale_zero_and_softcap_inf_on_the_kernels():
             capped = hfp.flash_attn_func(q[:, -seqlen_q:], k, v, causal=True, softcap=math.inf, return_lse=True)
             plain = hfp.flash_attn_func(q[:, -seqlen_q:], k, v, causal=True, return_lse=True)
             assert torch.equal(capped[0], plain[0]) and torch.equal(capped[1], plain[1])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rows_past_the_last_sequence_are_zero_with_checked_tables(head_dim):
+    """The kernels write no q row past ``cu_seqlens_q[-1]``; a call whose tables were checked (the default) gives
+    0 there and lse ``-inf`` (the forward, its backward's inputs, and the slot function), and the sequences' rows
+    are the same bits as a call without the padding rows."""
+    seqlens = [113, 239, 1]
+    cu = torch.tensor([0] + seqlens, device=DEV).cumsum(0).int()
+    total = sum(seqlens)
+    q = torch.randn(total + 7, 4, head_dim, device=DEV, dtype=BF16, requires_grad=True)  # 7 rows of no sequence
+    k = torch.randn(total, 2, head_dim, device=DEV, dtype=BF16)
+    v = torch.randn(total, 2, head_dim, device=DEV, dtype=BF16)
+    out, lse = hfp.flash_attn_varlen_func(q, k, v, cu, cu, 239, 239, causal=True, return_lse=True)
+    assert torch.equal(out[total:], torch.zeros_like(out[total:])) and torch.isneginf(lse[:, total:]).all()
+    alone, alone_lse = hfp.flash_attn_varlen_func(q[:total].detach(), k, v, cu, cu, 239, 239, causal=True,
+                                                  return_lse=True)  # fmt: skip
+    assert torch.equal(out[:total], alone) and torch.equal(lse[:, :total], alone_lse)
+    out.float().square().sum().backward()
+    assert torch.isfinite(q.grad).all() and not q.grad[total:].any()
+    with torch.no_grad():
+        slot_out = hfp.flash_attn_slot_varlen_func(q.detach(), k, v, torch.arange(total, device=DEV), cu, cu, 239,
+                                                   239, causal=True)  # fmt: skip
+    assert torch.equal(slot_out[total:], torch.zeros_like(slot_out[total:]))
+    torch.testing.assert_close(slot_out[:total], alone, atol=2e-2, rtol=0)
