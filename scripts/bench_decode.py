@@ -22,7 +22,7 @@ Eager ``generate`` part: new tokens/s of a plain eager dynamic-cache ``generate`
 256 + 128 tokens), ``sdpa`` vs ours: the host time per attention call shows here.
 
 End-to-end part: tokens/s of ``model.generate_batch`` on a random Llama-shaped model (8 layers,
-hidden 2048, 32/8 heads). transformers < 5.23: ``paged|hfpatch`` vs ``paged|sdpa``. transformers >= 5.23:
+hidden 2048, 32/8 heads). transformers < 5.19: ``paged|hfpatch`` vs ``paged|sdpa``. transformers >= 5.19:
 ``hfpatch`` (decode steps on the block-table path: kv_append + paged decode kernels) vs ``sdpa``, plus
 ``hfpatch`` with the block-table path turned off (``max_blocks_per_request=0``: every step gathers the
 cache and runs varlen), so the fast path's gain is measured in the same run. Each contender first runs
@@ -268,15 +268,16 @@ def _generate_contenders(newest: bool) -> list[tuple[str, str, dict]]:
 
 def generate_rows(results: list, quick: bool) -> None:
     import transformers
-    from packaging.version import Version
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from hf_flashpatch.backend.patch import _paged_prefix_supported
 
     model = _random_llama()
     if not hasattr(model, "generate_batch"):
         print("generate_batch part skipped: no generate_batch")
         return
-    newest = Version(transformers.__version__) >= Version("5.23")
+    newest = not _paged_prefix_supported()  # transformers >= 5.19: no paged| functions
     num_prompts, prompt_len, new_tokens = (32, 128, 64) if quick else (128, 256, 256)
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(1, 32000, (prompt_len,), generator=generator).tolist() for _ in range(num_prompts)]

@@ -152,7 +152,7 @@ def test_generate_batch(model_type):
 @pytest.mark.parametrize("model_type", ["mistral", "gemma2"])  # every layer sliding; sliding and full alternating
 def test_generate_batch_chunked_prefill_over_sliding_windows(model_type):
     """Prompts longer than the window (6) and than the batch budget (16 tokens): prefill runs in chunks over
-    cached keys of sliding layers (on transformers < 5.23 the ``paged|<name>`` gather-then-varlen route with its
+    cached keys of sliding layers (on transformers < 5.19 the ``paged|<name>`` gather-then-varlen route with its
     rolling buffer). Each prompt's tokens as the reference's greedy ``generate`` of it alone."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 

@@ -37,13 +37,13 @@ def test_generate_in_inference_mode_matches_sdpa(cache):
 
 
 def test_generate_batch_in_inference_mode_matches_sdpa():
-    import transformers
-    from packaging.version import Version
-
-    if Version(transformers.__version__) < Version("5.23"):
-        pytest.skip("transformers < 5.23's own continuous batching fails inside inference_mode (sdpa too)")
+    """Up to transformers 5.23 its own continuous batching fails inside inference_mode (its batching thread
+    updates tensors made inside it), for sdpa too: the test then skips, naming that error."""
     ours, ref = twin_models("qwen2")
     with torch.inference_mode():
+        try:
+            want = batch_generate(ref)
+        except RuntimeError as error:  # batch_generate's: the requests failed
+            pytest.skip(f"transformers' sdpa cannot generate_batch inside inference_mode here: {error}")
         got = batch_generate(ours)
-        want = batch_generate(ref)
     assert got == want and all(tokens for tokens in got)

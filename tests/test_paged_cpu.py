@@ -142,11 +142,11 @@ def _emulated_slot_varlen(q, k_pool, v_pool, slots, cu_q, cu_k, max_q, *, causal
 def test_paged_kernel_path_logic_with_emulated_kernels(monkeypatch):
     """``backend.paged_kernel`` (write through write_index, read through read_index, packed queries,
     chunked prefill) under real continuous batching, with the two CUDA kernels replaced by torch
-    stand-ins so it runs on CPU. Needs a transformers with ``paged|`` functions (< 5.23)."""
+    stand-ins so it runs on CPU. Needs a transformers with ``paged|`` functions (< 5.19)."""
     transformers = pytest.importorskip("transformers")
-    from packaging.version import Version
+    from hf_flashpatch.backend.patch import _paged_prefix_supported
 
-    if Version(transformers.__version__) >= Version("5.23") or not hasattr(transformers, "AttentionInterface"):
+    if not hasattr(transformers, "AttentionInterface") or not _paged_prefix_supported():
         pytest.skip(f"transformers {transformers.__version__} has no paged| attention functions")
     from transformers import AttentionInterface, GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.generation.configuration_utils import ContinuousBatchingConfig

@@ -269,7 +269,7 @@ def test_pool_routes_refuse_a_value_head_dim_by_name():
         cache.append(["a"], torch.zeros(1, 1, 2, 16), torch.zeros(1, 1, 2, 8))
 
 
-@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.23's")
+@pytest.mark.skipif(_paged_prefix_supported(), reason="the block-table decode path is transformers >= 5.19's")
 def test_decode_fast_path_stays_off_for_multi_head_latent_attention(monkeypatch):
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
     from transformers.generation.continuous_batching import initialization

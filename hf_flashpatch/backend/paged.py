@@ -6,7 +6,7 @@ Continuous batching packs every scheduled request into one batch row: q is ``(1,
 carry the ``cache`` (a ``PagedAttentionCache``), ``cu_seq_lens_q/k`` and ``max_seqlen_q/k`` or
 ``max_length_q/k`` (per layer type when the model mixes full and sliding layers).
 
-- transformers < 5.23 calls ``paged|<name>``, :func:`paged_attention_forward`, with k/v
+- transformers < 5.19 calls ``paged|<name>``, :func:`paged_attention_forward`, with k/v
   ``(1, H_kv, T_new, D)`` holding only the new tokens and ``read_index``/``write_index`` (pool slots per
   token): the attention function updates the cache. The slot route of :mod:`.paged_kernel` serves it
   where it can (write into the pool, read through ``read_index``); otherwise
@@ -15,9 +15,9 @@ carry the ``cache`` (a ``PagedAttentionCache``), ``cu_seq_lens_q/k`` and ``max_s
   then our varlen API runs causal attention per sequence (bottom-right aligned, which is what a request
   with cached tokens needs), with the layer's sliding window (the call's ``sliding_window`` or the module's)
   and attention sinks (GPT-OSS's ``s_aux``) folded in. The gather is the slow part that the slot route avoids.
-- transformers >= 5.23 calls the name of :func:`continuous_batching_forward`. Its models update the
-  cache themselves: in mixed or prefill batches ``cache.update`` has gathered each sequence's K/V before
-  the call, which :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen; in
+- transformers >= 5.19 calls the name of :func:`continuous_batching_forward`. ``cache.update`` (called by the
+  model from 5.24, by this function on 5.19-5.23, as transformers' own attention functions do there): in
+  mixed or prefill batches it gathers each sequence's K/V before the attention, which :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen; in
   decode-only batches (when :func:`hf_flashpatch.backend.patch.allow_continuous_batching` has let
   transformers use its block-table decode path for us) the call carries ``block_table``, ``k_cache`` and
   ``v_cache`` and the new K/V only, and the block-table route of :mod:`.paged_kernel` writes and reads
@@ -61,7 +61,7 @@ def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
 def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                             **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """``paged|<name>`` (transformers < 5.23). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
+    """``paged|<name>`` (transformers < 5.19). query ``(1, H, T_q, D)``, key/value ``(1, H_kv, T_new, D)``
     -> ``(out (1, T_q, H, D), None)``."""
     check_unsupported(module, dropout, kwargs)  # (the torch path folds sinks in)
     _check_packed_call(query, kwargs)
@@ -113,9 +113,18 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
 def continuous_batching_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                                 **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """The continuous-batching name on transformers >= 5.23: decode batches with a ``block_table`` take the
+    """The continuous-batching name on transformers >= 5.19: decode batches with a ``block_table`` take the
     block-table route, every other call is :func:`hf_flashpatch.backend.attention.attention_forward`'s.
-    query ``(1, H, T_q, D)`` -> ``(out (1, T_q, H, D), None)``."""
+    query ``(1, H, T_q, D)`` -> ``(out (1, T_q, H, D), None)``.
+
+    On 5.19-5.23 the attention function updates the paged cache, as transformers' own sdpa and flash functions do
+    there: ``cache.update`` writes the new K/V (or, with a block table, hands over this layer's pages) and picks this
+    layer's ``cu_seq_lens_k`` / ``max_length_k`` out of the per-layer-type dicts, in ``kwargs``. From 5.24 the model
+    calls it before the attention function, which then gets this layer's tensors."""
+    cache = kwargs.get("cache")
+    if cache is not None and isinstance(kwargs.get("cu_seq_lens_k"), dict):  # not updated for this layer yet
+        key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)
+        del kwargs["cache"]  # updated: transformers' own function, where the fallback calls it, must not do it again
     if kwargs.get("block_table") is None:
         return attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     check_unsupported(module, dropout, kwargs)  # (the block-table route folds sinks into the paged decode)

@@ -5,7 +5,7 @@ kernels decline, the same route runs with the API's torch fallback.
 
 transformers hands the cache over in one of two forms; each route returns ``(out (1, T_q, H, D), None)``:
 
-- **slot form** (transformers < 5.23, ``paged|<name>``), :func:`slot_attention`: q ``(1, H, T_q, D)``,
+- **slot form** (transformers < 5.19, ``paged|<name>``), :func:`slot_attention`: q ``(1, H, T_q, D)``,
   k/v ``(1, H_kv, T_new, D)`` hold only the new tokens; kwargs carry ``cache`` (a ``PagedAttentionCache``:
   per layer a pool ``((num_blocks + 2) * block_size, H_kv, D)``), ``cu_seq_lens_q/k``,
   ``max_seqlen_q/k`` (or ``max_length_q/k``) and per layer group ``write_index`` / ``read_index`` (int64
@@ -13,7 +13,7 @@ transformers hands the cache over in one of two forms; each route returns ``(out
   to their ``write_index`` slots; :func:`hf_flashpatch.api.flash_attn_slot_varlen_func` reads the keys
   through ``read_index`` (the slot decode kernel for decode-like batches, gather + varlen forward for
   prefill chunks).
-- **block-table form** (transformers >= 5.23, decode-only batches, one new token per sequence),
+- **block-table form** (transformers >= 5.19, decode-only batches, one new token per sequence),
   :func:`block_table_attention`: transformers' ``cache.update`` leaves the new K/V to the attention
   function (for flash-attn it is ``flash_attn_with_kvcache``'s fused write) and puts ``block_table``
   ``(B, max_pages)`` int32 (-1 past a sequence's pages), ``k_cache``/``v_cache`` ``(num_pages, page_size,
@@ -57,7 +57,7 @@ def _window(sliding_window) -> tuple[int, int] | None:
     return (int(sliding_window) - 1, 0) if sliding_window else None
 
 
-# ------------------------------------------------------------------------------------ slot form (< 5.23)
+# ------------------------------------------------------------------------------------ slot form (< 5.19)
 
 
 def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs: dict) -> str | None:
@@ -111,7 +111,7 @@ def slot_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Te
     return out[None], None
 
 
-# ------------------------------------------------------------------------------------ block-table form (>= 5.23)
+# ------------------------------------------------------------------------------------ block-table form (>= 5.19)
 
 
 def block_table_route_unavailable(config=None) -> str | None:

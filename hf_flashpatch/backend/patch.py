@@ -42,7 +42,7 @@ def register(name: str = "hfpatch") -> None:
     AttentionInterface.register(f"paged|{name}", paged_attention_forward)
     register_mask(name)
     if not _paged_prefix_supported():
-        # From 5.23 transformers strips "paged|" when it looks a name up, so continuous batching gets a name
+        # From 5.19 transformers strips "paged|" when it looks a name up, so continuous batching gets a name
         # of its own (the mask too: the model builds its mask under whatever name it runs).
         AttentionInterface.register(continuous_batching_name(name), continuous_batching_forward)
         register_mask(continuous_batching_name(name))
@@ -51,15 +51,15 @@ def register(name: str = "hfpatch") -> None:
 
 
 def _paged_prefix_supported() -> bool:
-    """transformers < 5.23 calls ``paged|<name>`` for continuous batching; later versions strip the prefix."""
+    """transformers < 5.19 calls ``paged|<name>`` for continuous batching; later versions strip the prefix."""
     from transformers import AttentionInterface
 
     return "paged|sdpa" in AttentionInterface._global_mapping
 
 
 def continuous_batching_name(name: str) -> str:
-    """The name a model runs under during continuous batching: ``paged|<name>`` before transformers 5.23,
-    ``<name>-paged`` from 5.23 (:func:`hf_flashpatch.backend.paged.continuous_batching_forward`)."""
+    """The name a model runs under during continuous batching: ``paged|<name>`` before transformers 5.19,
+    ``<name>-paged`` from 5.19 (:func:`hf_flashpatch.backend.paged.continuous_batching_forward`)."""
     return f"paged|{name}" if _paged_prefix_supported() else f"{name}-paged"
 
 
@@ -70,10 +70,10 @@ def allow_continuous_batching(name: str) -> None:
     """Let ``generate_batch`` run a model whose attention is ``name`` through our functions.
 
     transformers' ``ContinuousBatchingManager.switch_to_cb_friendly_attn`` knows only its own names: before
-    5.23 it may swap an unknown name for ``flash_attention_2`` (when flash-attn is installed), from 5.23 it
+    5.19 it may swap an unknown name for ``flash_attention_2`` (when flash-attn is installed), from 5.19 it
     refuses it. We wrap it so that for our names it picks :func:`continuous_batching_name`, and leaves every
     other name to transformers. The original implementation is restored on ``manager.stop()`` as
-    transformers does. From 5.23 we also let transformers use its block-table decode path for our
+    transformers does. From 5.19 we also let transformers use its block-table decode path for our
     continuous-batching name (:func:`_allow_block_table_decode`).
     """
     for alias in (name, f"paged|{name}", f"{name}-paged"):
@@ -105,7 +105,7 @@ def allow_continuous_batching(name: str) -> None:
 
 
 def _allow_block_table_decode() -> None:
-    """Keep transformers' decode fast path on for our continuous-batching name (transformers >= 5.23).
+    """Keep transformers' decode fast path on for our continuous-batching name (transformers >= 5.19).
 
     transformers turns the path off (``max_blocks_per_request = 0``) unless the model runs flash-attn on
     CUDA, because only ``flash_attn_with_kvcache`` can serve it. Ours can

@@ -2,9 +2,9 @@
 the same greedy tokens as transformers' own attention, and the pool routes of
 ``hf_flashpatch.backend.paged_kernel`` run our kernels:
 
-- transformers < 5.23 (``paged|hfpatch``): kv_append through ``write_index``, the slot decode kernel
+- transformers < 5.19 (``paged|hfpatch``): kv_append through ``write_index``, the slot decode kernel
   through ``read_index``;
-- transformers >= 5.23 (``hfpatch``, run as ``hfpatch-paged`` during the batch): decode-only steps take
+- transformers >= 5.19 (``hfpatch``, run as ``hfpatch-paged`` during the batch): decode-only steps take
   the block-table path (kv_append into the block pool, then the paged decode kernel), captured in CUDA
   graphs with batches padded to a power of 2; the other steps the gathered varlen path.
 
@@ -24,9 +24,10 @@ transformers = pytest.importorskip("transformers")
 
 
 def _newest() -> bool:
-    from packaging.version import Version
+    """transformers >= 5.19: no ``paged|`` functions; continuous batching runs under our own name."""
+    from hf_flashpatch.backend.patch import _paged_prefix_supported
 
-    return Version(transformers.__version__) >= Version("5.23")
+    return not _paged_prefix_supported()
 
 
 def _tiny_llama():
@@ -59,7 +60,7 @@ def _generate(model, prompts, attn, max_new_tokens, inference_mode=False, **batc
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     batching = ContinuousBatchingConfig(**{page: 16}, num_blocks=64, max_batch_tokens=96, max_requests_per_batch=4,
                                         **batching)  # fmt: skip
-    # transformers < 5.23 fails inside inference_mode with its own attention too: its batching thread updates
+    # transformers <= 5.23 fails inside inference_mode with its own attention too: its batching thread updates
     # tensors that the manager creates on this thread.
     with torch.inference_mode(inference_mode):
         results = model.generate_batch(inputs=prompts, generation_config=config, continuous_batching_config=batching)
@@ -114,13 +115,17 @@ def test_generate_batch_matches_transformers_paged_attention(monkeypatch):
 @pytest.mark.parametrize("inference_mode", [False, True], ids=["no_grad", "inference_mode"])
 @pytest.mark.parametrize("route", ["block_table", "gathered"])
 def test_generate_batch_block_table_route_matches_sdpa(monkeypatch, route, inference_mode):
-    """transformers >= 5.23: the block-table decode path with our kernels, and with it turned off by the
+    """transformers >= 5.19: the block-table decode path with our kernels, and with it turned off by the
     caller (``max_blocks_per_request=0``) the gathered varlen path, against sdpa and paged|eager."""
     import hf_flashpatch
     from hf_flashpatch.kernels import decode
 
+    from packaging.version import Version
+
     if not _newest():
         pytest.skip(f"transformers {transformers.__version__} calls paged|<name> (the other test)")
+    if inference_mode and Version(transformers.__version__) < Version("5.24"):
+        pytest.skip(f"transformers {transformers.__version__} fails inside inference_mode with its own attention too")
     model = _tiny_llama()
     prompts = _prompts()
     refs = _generate(model, prompts, "sdpa", 24), _generate(model, prompts, "paged|eager", 24)
