@@ -198,9 +198,9 @@ def flash_attn_varlen_func(
 ):
     """Packed sequences (no padding): q ``(T_q, H, D)``, k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``; sequence
     ``i`` is rows ``cu_seqlens[i]:cu_seqlens[i+1]`` (int32, ``(num_seqs + 1,)``); rows past ``cu_seqlens[-1]``
-    are padding (0 out, ``-inf`` lse where the tables were checked). ``max_seqlen_*`` are ints, at least the longest sequence. Returns ``out (T_q, H, D_v)``
-    and, with ``return_lse``, ``lse (H, T_q)`` fp32. ``check_inputs=False`` skips the check of the
-    tables' contents on CUDA (see the module docstring)."""
+    are padding (0 out, ``-inf`` lse where the tables were checked). ``max_seqlen_*`` are ints, at least the
+    longest sequence. Returns ``out (T_q, H, D_v)`` and, with ``return_lse``, ``lse (H, T_q)`` fp32.
+    ``check_inputs=False`` skips the check of the tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     checked_end = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)

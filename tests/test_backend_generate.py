@@ -368,7 +368,8 @@ def test_the_attention_function_updates_the_paged_cache_where_the_model_did_not(
     want = torch.cat(want, dim=1)  # (1, T_q, H, D)
     handed_on = []  # the keywords the backend's attention function receives
     real = paged_module.attention_forward
-    monkeypatch.setattr(paged_module, "attention_forward", lambda *args, **kw: handed_on.append(kw) or real(*args, **kw))
+    monkeypatch.setattr(paged_module, "attention_forward",
+                        lambda *args, **kw: handed_on.append(kw) or real(*args, **kw))  # fmt: skip
     cache = _LayerTypedCache(past_k, past_v, [1, 1])
     by_type = dict(cu_seq_lens_q=cu_q, max_length_q=1, cu_seq_lens_k={"full_attention": cu_k},
                    max_length_k={"full_attention": 6})  # fmt: skip

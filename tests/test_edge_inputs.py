@@ -75,7 +75,8 @@ def test_varlen_rows_past_the_last_sequence_are_zero_where_the_tables_were_check
     common = dict(causal=True, window=None, softmax_scale=None, softcap=None, return_lse=True)
     want, want_lse = fallback.varlen_attention(q, k, v, cu, cu, **common)
     unwritten = torch.arange(9) >= 7  # (T_q,)
-    kernel_result = (want.masked_fill(unwritten[:, None, None], float("nan")), want_lse.masked_fill(unwritten, float("nan")))
+    kernel_result = (want.masked_fill(unwritten[:, None, None], float("nan")),
+                     want_lse.masked_fill(unwritten, float("nan")))  # fmt: skip
     monkeypatch.setattr(api, "_kernel_call", lambda q_, run: kernel_result)  # what the kernels give
     out, lse = hfp.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, causal=True, return_lse=True)
     assert torch.equal(out[7:], torch.zeros_like(out[7:])) and torch.isneginf(lse[:, 7:]).all()

@@ -15,13 +15,13 @@ carry the ``cache`` (a ``PagedAttentionCache``), ``cu_seq_lens_q/k`` and ``max_s
   then our varlen API runs causal attention per sequence (bottom-right aligned, which is what a request
   with cached tokens needs), with the layer's sliding window (the call's ``sliding_window`` or the module's)
   and attention sinks (GPT-OSS's ``s_aux``) folded in. The gather is the slow part that the slot route avoids.
-- transformers >= 5.19 calls the name of :func:`continuous_batching_forward`. ``cache.update`` (called by the
-  model from 5.24, by this function on 5.19-5.23, as transformers' own attention functions do there): in
-  mixed or prefill batches it gathers each sequence's K/V before the attention, which :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen; in
-  decode-only batches (when :func:`hf_flashpatch.backend.patch.allow_continuous_batching` has let
-  transformers use its block-table decode path for us) the call carries ``block_table``, ``k_cache`` and
-  ``v_cache`` and the new K/V only, and the block-table route of :mod:`.paged_kernel` writes and reads
-  the pages.
+- transformers >= 5.19 calls the name of :func:`continuous_batching_forward`. ``cache.update`` is called by
+  the model from 5.24, and by this function on 5.19-5.23 (as transformers' own attention functions do there).
+  In mixed or prefill batches it gathers each sequence's K/V, which
+  :func:`hf_flashpatch.backend.attention.attention_forward` serves as packed varlen. In decode-only batches
+  (when :func:`hf_flashpatch.backend.patch.allow_continuous_batching` has let transformers use its block-table
+  decode path for us) the call carries ``block_table``, ``k_cache`` and ``v_cache`` and the new K/V only, and
+  the block-table route of :mod:`.paged_kernel` writes and reads the pages.
 """
 
 from __future__ import annotations
