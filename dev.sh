@@ -6,7 +6,7 @@
 # CI (.ci/run) runs that same command, then two more steps:
 #   ./dev.sh test-slow     the real-model, training-quality and every-kernel nvcc compile checks
 #                          (markers slow, kernel_build)
-#   ./dev.sh test-versions the backend and generation tests against two other transformers releases, each in
+#   ./dev.sh test-versions the backend and generation tests against three other transformers releases, each in
 #                          a virtual environment beside the project (.venv-transformers-<version>)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,10 +25,10 @@ install() {
 }
 
 # The transformers releases tested besides the installed (newest) one, and the tests of everything that touches
-# its API. Continuous batching has three protocols: 5.17-5.18 call paged|<name> (5.17: the oldest pyproject.toml
-# admits); 5.19-5.23 call our own name and leave the paged cache's update to the attention function (5.21.1);
-# from 5.24 the model updates it (the installed release).
-OTHER_TRANSFORMERS=(5.17.0 5.21.1)
+# its API. Continuous batching hands its paged cache over in four ways: 5.17 (the oldest pyproject.toml admits) and
+# 5.18 call paged|<name>, with the pools kept per layer group or in allocators; 5.19-5.23 call our own name and leave
+# the cache's update to the attention function (5.21.1); from 5.24 the model updates it (the installed release).
+OTHER_TRANSFORMERS=(5.17.0 5.18.0 5.21.1)
 VERSION_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
               tests/test_inference_mode.py tests/test_paged_cpu.py tests/test_demo.py tests/test_architectures.py
               tests/test_bidirectional_models.py tests/test_masked_op.py tests/test_mask_only_semantics.py)

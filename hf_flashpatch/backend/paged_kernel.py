@@ -7,7 +7,8 @@ transformers hands the cache over in one of two forms; each route returns ``(out
 
 - **slot form** (transformers < 5.19, ``paged|<name>``), :func:`slot_attention`: q ``(1, H, T_q, D)``,
   k/v ``(1, H_kv, T_new, D)`` hold only the new tokens; kwargs carry ``cache`` (a ``PagedAttentionCache``:
-  per layer a pool ``((num_blocks + 2) * block_size, H_kv, D)``), ``cu_seq_lens_q/k``,
+  per layer a pool ``(slots, H_kv, D)``, kept per layer group on 5.17 and in the group's allocator on 5.18),
+  ``cu_seq_lens_q/k``,
   ``max_seqlen_q/k`` (or ``max_length_q/k``) and per layer group ``write_index`` / ``read_index`` (int64
   pool slot of every new token / of every key of every sequence, new tokens included). The new rows go
   to their ``write_index`` slots; :func:`hf_flashpatch.api.flash_attn_slot_varlen_func` reads the keys
@@ -68,27 +69,45 @@ def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs
     if query.shape[-1] > MAX_HEAD_DIM:
         return f"head dim {query.shape[-1]} (the kernels take up to {MAX_HEAD_DIM})"
     cache = kwargs.get("cache")
-    if cache is None or not hasattr(cache, "layer_index_to_group_indices") or not hasattr(cache, "key_cache"):
-        return f"a cache without the per-group pool layout of transformers 5.17 ({type(cache).__name__})"
+    layer = getattr(module, "layer_idx", None)
+    if _slot_pools_of(cache, layer) is None:
+        return f"a cache without the slot pools of transformers 5.17-5.18 ({type(cache).__name__})"
     # Mistral-like models pass the window as a kwarg and keep no module attribute; the cache knows too.
     if unsupported.sink_logits(kwargs) is not None:
         return "attention sinks (the slot route does not fold them in; the gather-then-varlen route does)"
-    cache_window = getattr(cache, "sliding_windows", {}).get(getattr(module, "layer_idx", None), 1)
-    if cache_window > 1 or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
+    cache_window = getattr(cache, "sliding_windows", {}).get(layer, 1)  # 5.17
+    sliding_allocator = getattr(getattr(cache, "layer_to_allocator", {}).get(layer), "sliding_window", None)  # 5.18
+    if cache_window > 1 or sliding_allocator or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
         return "a sliding-window layer (rolling-buffer slots and sentinel reads)"
     return kernels_unavailable_reason(query)
+
+
+def _slot_pools_of(cache, layer: int | None) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """``(k_pool, v_pool, group)`` of a layer: its ``(slots, H_kv, D)`` pools, and the index of its layer group in
+    ``write_index`` / ``read_index``. transformers 5.17 keeps the pools per group on the cache, 5.18 in the layer
+    group's allocator. None for any other cache."""
+    if layer is None or cache is None:
+        return None
+    if hasattr(cache, "layer_index_to_group_indices") and hasattr(cache, "key_cache"):  # 5.17
+        group, in_group = cache.layer_index_to_group_indices[layer]
+        return cache.key_cache[in_group], cache.value_cache[in_group], group
+    allocator = getattr(cache, "layer_to_allocator", {}).get(layer)  # 5.18
+    views = getattr(allocator, "_kv_token_views", {}).get(layer)
+    if views is None:
+        return None
+    # K and V are views of one buffer, V's shifted one page further; every slot the tables hold lies in both
+    slots = min(views[0].shape[0], views[1].shape[0])
+    return views[0][:slots], views[1][:slots], allocator.index
 
 
 def slot_attention(module, query, key, value, scaling, kwargs) -> tuple[torch.Tensor, None]:
     """The slot form (module docstring); only for calls :func:`slot_route_declines` accepts."""
     layer_type = "full_attention"  # sliding layers are declined
-    cache = kwargs["cache"]
     cu_q = kwargs["cu_seq_lens_q"]
     cu_k = _per_layer(kwargs["cu_seq_lens_k"], layer_type)
     max_q = int(_per_layer(kwargs.get("max_seqlen_q", kwargs.get("max_length_q")), layer_type))
     max_k = int(_per_layer(kwargs.get("max_seqlen_k", kwargs.get("max_length_k")), layer_type))
-    group_idx, layer_in_group = cache.layer_index_to_group_indices[module.layer_idx]
-    k_pool, v_pool = cache.key_cache[layer_in_group], cache.value_cache[layer_in_group]  # (slots, H_kv, D)
+    k_pool, v_pool, group_idx = _slot_pools_of(kwargs["cache"], module.layer_idx)  # (slots, H_kv, D) each
     write_index = kwargs["write_index"][group_idx]  # (T_new,) int64
     read_index = kwargs["read_index"][group_idx]  # (T_k,) int64
 
