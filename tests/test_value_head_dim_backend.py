@@ -233,8 +233,10 @@ def test_generate_batch_matches_greedy_generate_and_keeps_off_the_pool_routes(mo
     ours, ref = twin_deepseek()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if not all(batch_generate(ref)):
-            pytest.skip("transformers' own generate_batch fails for this MLA model under sdpa too (no tokens)")
+        try:
+            batch_generate(ref)
+        except RuntimeError as error:  # batch_generate's: the requests failed
+            pytest.skip(f"transformers' own generate_batch fails for this MLA model under sdpa too: {error}")
     want = [ref.generate(input_ids=torch.tensor([p]), **dict(GREEDY, max_new_tokens=BATCH_NEW_TOKENS))[0, len(p) :]
             .tolist() for p in PROMPTS]  # fmt: skip
     pool_calls = collections.Counter()
