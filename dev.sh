@@ -31,7 +31,8 @@ install() {
 OTHER_TRANSFORMERS=(5.17.0 5.18.0 5.21.1)
 VERSION_TESTS=(tests/test_backend.py tests/test_backend_generate.py tests/test_packed.py tests/test_torch_compile.py
               tests/test_inference_mode.py tests/test_paged_cpu.py tests/test_demo.py tests/test_architectures.py
-              tests/test_bidirectional_models.py tests/test_masked_op.py tests/test_mask_only_semantics.py)
+              tests/test_bidirectional_models.py tests/test_masked_op.py tests/test_mask_only_semantics.py
+              tests/test_value_head_dim_backend.py tests/test_unsupported.py tests/test_refuse_no_attention.py)
 
 run_pytest() {  # PYTHON [pytest args]: pytest's exit code, except that collecting nothing is a failure
   local python=$1
