@@ -16,6 +16,9 @@
 # move the trees under one folder (ab/) and carry .whl and ab.
 # 3. (session 48) The chain's GPU tests on tag s48-final-pv-issue-pv (its last P V through issue_pv; the loop's SASS
 #    unchanged), and main's new test of packed rows past the last sequence (tests/gpu/test_bad_tables.py).
+# 4. (session 48) Continuous batching on the GPU under transformers 5.21.1 (the 5.19-5.23 hand-over, fixed on the
+#    CPU this session; the device's own transformers is 5.17). Carry .tfnew too, holding
+#    transformers-5.21.1-py3-none-any.whl (python3 -m pip download --no-deps transformers==5.21.1 -d .tfnew).
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -38,4 +41,9 @@ done
   > $OUT/final_pv_tests.log 2>&1; head -1 $OUT/final_pv_tests.log; tail -2 $OUT/final_pv_tests.log
 timeout 120 python3 -m pytest -q tests/gpu/test_bad_tables.py -k past_the_last > $OUT/padding_rows.log 2>&1
 tail -2 $OUT/padding_rows.log
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf521 .tfnew/transformers-5.21.1-*.whl
+(export PYTHONPATH=/tmp/tf521:/tmp/site:$PWD; python3 -c "import transformers; print('transformers', transformers.__version__)"
+ timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_paged_generate.py tests/gpu/test_backend_gpu.py) \
+  > $OUT/transformers_5_21.log 2>&1
+grep -E "transformers|passed|failed" $OUT/transformers_5_21.log | tail -3
 echo "total $(( $(date +%s) - START )) s"
