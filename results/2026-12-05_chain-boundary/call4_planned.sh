@@ -11,14 +11,8 @@
 #     mkdir -p ${t#*:} && git archive ${t%%:*} cuda hf_flashpatch scripts | tar x -C ${t#*:}; done
 #   (cd ab_tl_main && patch -p1 < ../results/2026-12-05_chain-boundary/chain_timeline.diff)
 #   (cd ab_tl_shadow && patch -p1 < ../results/2026-12-05_chain-boundary/chain_timeline_shadow.diff)
-#   mkdir -p ab_final_pv && git archive s48-final-pv-issue-pv cuda hf_flashpatch scripts | tar x -C ab_final_pv
 # carry: .whl ab_main ab_shadow ab_none ab_finish ab_copy ab_switch ab_tl_main ab_tl_shadow does not fit (9 paths):
 # move the trees under one folder (ab/) and carry .whl and ab.
-# 3. (session 48) The chain's GPU tests on tag s48-final-pv-issue-pv (its last P V through issue_pv; the loop's SASS
-#    unchanged), and main's new test of packed rows past the last sequence (tests/gpu/test_bad_tables.py).
-# 4. (session 48) Continuous batching on the GPU under transformers 5.21.1 (the 5.19-5.23 hand-over, fixed on the
-#    CPU this session; the device's own transformers is 5.17). Carry .tfnew too, holding
-#    transformers-5.21.1-py3-none-any.whl (python3 -m pip download --no-deps transformers==5.21.1 -d .tfnew).
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -35,15 +29,4 @@ for tree in ab/ab_tl_main ab/ab_tl_shadow; do
     echo "== $name $seqlen"; grep -v "^/" $OUT/timeline_${name}_$seqlen.log | tail -30
   done
 done
-# From inside the tree: `python -m` puts the working directory first on sys.path, so its hf_flashpatch is the one run.
-(cd ab/ab_final_pv && PYTHONPATH=/tmp/site timeout 120 python3 -c "import hf_flashpatch; print(hf_flashpatch.__file__)" \
-  && PYTHONPATH=/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider ../../tests/gpu/test_forward_chained_walk.py) \
-  > $OUT/final_pv_tests.log 2>&1; head -1 $OUT/final_pv_tests.log; tail -2 $OUT/final_pv_tests.log
-timeout 120 python3 -m pytest -q tests/gpu/test_bad_tables.py -k past_the_last > $OUT/padding_rows.log 2>&1
-tail -2 $OUT/padding_rows.log
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf521 .tfnew/transformers-5.21.1-*.whl
-(export PYTHONPATH=/tmp/tf521:/tmp/site:$PWD; python3 -c "import transformers; print('transformers', transformers.__version__)"
- timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_paged_generate.py tests/gpu/test_backend_gpu.py) \
-  > $OUT/transformers_5_21.log 2>&1
-grep -E "transformers|passed|failed" $OUT/transformers_5_21.log | tail -3
 echo "total $(( $(date +%s) - START )) s"
