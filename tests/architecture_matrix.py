@@ -229,7 +229,14 @@ def twin_models(model_type: str):
     ``set_attn_implementation`` writes into the config, so a shared one would patch both)."""
     config = tiny_config(model_type)
     torch.manual_seed(0)
-    ref = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    try:
+        ref = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
+    except Exception as exc:  # noqa: BLE001 - on the docs' release a row that cannot be built is a failure
+        made_with = docs_table()[0]
+        if made_with in (None, transformers.__version__):
+            raise
+        pytest.skip(f"no tiny {model_type} model on transformers {transformers.__version__} (the rows are tuned for "
+                    f"{made_with}): {type(exc).__name__}: {exc}")  # fmt: skip
     ref.set_attn_implementation(reference_name(ref))
     ours = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager").eval()
     ours.load_state_dict(ref.state_dict())

@@ -132,7 +132,9 @@ def test_generate_batch(model_type):
 
     Not transformers' own ``generate_batch`` of the reference: for moshi that disagrees with its own
     ``generate`` (its page cache treats every layer as sliding because ``config.sliding_window`` is set). Where
-    ours fails, the row is a skip only if transformers' own run of the reference fails too.
+    ours fails or disagrees, the row is a skip only if transformers' own run of the reference fails or disagrees
+    too (models that keep continuous batching's keywords from their attention: StableLM and Nemotron on
+    5.19-5.23, where ours refuses them and sdpa gives wrong tokens).
     """
     _known_wrong(model_type)
     ours, ref = twin_models(model_type)
@@ -140,10 +142,15 @@ def test_generate_batch(model_type):
     with serving() as counts, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            got = batch_generate(ours)
-        except Exception:
-            _reference_or_skip(lambda: batch_generate(ref), "generate_batch", ref, model_type)
-            raise  # transformers' run works: ours must too
+            got, error = batch_generate(ours), None
+        except Exception as raised:  # noqa: BLE001 - judged against transformers' own run below
+            got, error = None, raised
+        if got != want:
+            theirs = _reference_or_skip(lambda: batch_generate(ref), "generate_batch", ref, model_type)
+            if theirs != want:
+                pytest.skip(f"transformers' own generate_batch of {model_type} disagrees with its generate here")
+            if error is not None:
+                raise error  # transformers' run works: ours must too
     assert got == want
     assert ours.config._attn_implementation == NAME  # restored after the batch
     assert what_runs(counts) == (documented(model_type) or what_runs(counts))

@@ -383,3 +383,21 @@ def test_the_attention_function_updates_the_paged_cache_where_the_model_did_not(
                                                         cache=cache, **selected)  # fmt: skip
     assert cache.updates == 2  # the model's, none in the attention function
     torch.testing.assert_close(again, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_layer_takes_the_window_its_call_passes_not_its_modules():
+    """EXAONE 4 keeps the config's sliding window on every layer's module and passes ``sliding_window`` to its sliding
+    layers only (None to the full ones): the ``paged|`` routes of transformers < 5.19 gave its full layers a window,
+    and generate_batch wrong tokens. The call's keyword decides where it is passed; the module's only where not."""
+    module = torch.nn.Module()
+    module.sliding_window = 6
+    assert paged_module._sliding_window(module, {"sliding_window": None}) is None  # a full layer
+    assert paged_module._sliding_window(module, {"sliding_window": 6}) == 6
+    assert paged_module._sliding_window(module, {}) == 6  # Mistral-like calls on 5.17 pass none
+    query = torch.zeros(1, 4, 3, 16)
+    cache = type("Cache", (), {"layer_index_to_group_indices": {0: (0, 0)}, "key_cache": [torch.zeros(8, 2, 16)],
+                               "value_cache": [torch.zeros(8, 2, 16)], "sliding_windows": {}})()  # fmt: skip
+    module.layer_idx = 0
+    full = paged_kernel.slot_route_declines(module, query, query, dict(cache=cache, sliding_window=None))
+    assert full is None or "sliding" not in full  # (None where the kernels run; on CPU the reason says so)
+    assert "sliding" in paged_kernel.slot_route_declines(module, query, query, dict(cache=cache, sliding_window=6))

@@ -43,9 +43,13 @@ from .attention import (
 
 
 def _sliding_window(module, kwargs: dict) -> int | None:
-    """The layer's sliding window: the call's ``sliding_window`` (Mistral-like models keep no module attribute on
-    transformers 5.17), the module's, or the one its model applies only in the mask."""
-    return kwargs.get("sliding_window") or getattr(module, "sliding_window", None) or window_of_every_layer(module)
+    """The layer's sliding window: the call's ``sliding_window`` where the call passes one (None there is a full
+    layer: EXAONE 4 keeps the config's window on every layer's module and passes it only to its sliding layers),
+    else the module's (Mistral-like models on transformers 5.17 pass none), else the one its model applies only in
+    the mask."""
+    if "sliding_window" in kwargs:
+        return kwargs["sliding_window"] or window_of_every_layer(module)
+    return getattr(module, "sliding_window", None) or window_of_every_layer(module)
 
 
 def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
@@ -121,6 +125,15 @@ def continuous_batching_forward(module: torch.nn.Module, query: torch.Tensor, ke
     there: ``cache.update`` writes the new K/V (or, with a block table, hands over this layer's pages) and picks this
     layer's ``cu_seq_lens_k`` / ``max_length_k`` out of the per-layer-type dicts, in ``kwargs``. From 5.24 the model
     calls it before the attention function, which then gets this layer's tensors."""
+    if kwargs.get("cu_seq_lens_q") is None:
+        # The model keeps continuous batching's keywords from its attention (StableLM, Nemotron on 5.19-5.23): every
+        # request is packed into one row that no attention function can tell apart. transformers' own functions
+        # then give wrong tokens; we refuse, and the batch's requests fail with this message.
+        raise ValueError(
+            f"{type(module).__name__} does not pass continuous batching's keywords (cache, cu_seq_lens_q/k) on to "
+            "its attention function in this transformers release, so the packed requests cannot be told apart; "
+            "generate_batch cannot serve this model here (generate can)"
+        )
     cache = kwargs.get("cache")
     if cache is not None and isinstance(kwargs.get("cu_seq_lens_k"), dict):  # not updated for this layer yet
         key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx, kwargs=kwargs)

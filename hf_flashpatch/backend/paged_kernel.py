@@ -77,7 +77,8 @@ def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs
         return "attention sinks (the slot route does not fold them in; the gather-then-varlen route does)"
     cache_window = getattr(cache, "sliding_windows", {}).get(layer, 1)  # 5.17
     sliding_allocator = getattr(getattr(cache, "layer_to_allocator", {}).get(layer), "sliding_window", None)  # 5.18
-    if cache_window > 1 or sliding_allocator or kwargs.get("sliding_window") or getattr(module, "sliding_window", None):
+    passed = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
+    if cache_window > 1 or sliding_allocator or passed:  # (the call's window where it passes one: paged._sliding_window)
         return "a sliding-window layer (rolling-buffer slots and sentinel reads)"
     return kernels_unavailable_reason(query)
 
