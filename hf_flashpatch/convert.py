@@ -99,7 +99,7 @@ class ConversionReport:
         return "\n".join(lines)
 
 
-def _load_tokenizer(path):
+def load_tokenizer(path):
     """The checkpoint's tokenizer, or None when it has none (it still converts; pca then calibrates on random ids)."""
     try:
         from transformers import AutoTokenizer
@@ -109,7 +109,7 @@ def _load_tokenizer(path):
         return None
 
 
-def _load(model_or_path, num_key_value_heads: int, method: str, dtype=None):
+def load_convertible(model_or_path, num_key_value_heads: int, method: str, dtype=None):
     """A loaded model as is, or a checkpoint folder loaded after its config passed the checks."""
     if isinstance(model_or_path, nn.Module):
         return model_or_path
@@ -273,9 +273,9 @@ def convert_to_gqa(model_or_path, num_key_value_heads: int, *, method: str = DEF
     from ``model_or_path`` when that is a folder), else random token ids (worse: not text statistics).
     ``progress`` shows a progress bar while calibrating.
     """
-    model = _load(model_or_path, num_key_value_heads, method)
+    model = load_convertible(model_or_path, num_key_value_heads, method)
     if tokenizer is None and method == "pca" and not isinstance(model_or_path, nn.Module):
-        tokenizer = _load_tokenizer(model_or_path)
+        tokenizer = load_tokenizer(model_or_path)
     config = model.config
     check_convertible(config, num_key_value_heads, method)
     kv_heads = config.num_key_value_heads or config.num_attention_heads

@@ -19,6 +19,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 import hf_flashpatch.api
 import hf_flashpatch.backend.paged as paged_module
 from hf_flashpatch.backend import paged_kernel
+from hf_flashpatch.backend.attention import layer_sliding_window
 from hf_flashpatch.backend.patch import _paged_prefix_supported
 from hf_flashpatch.reference import paged_decode_reference
 
@@ -391,9 +392,9 @@ def test_a_layer_takes_the_window_its_call_passes_not_its_modules():
     and generate_batch wrong tokens. The call's keyword decides where it is passed; the module's only where not."""
     module = torch.nn.Module()
     module.sliding_window = 6
-    assert paged_module._sliding_window(module, {"sliding_window": None}) is None  # a full layer
-    assert paged_module._sliding_window(module, {"sliding_window": 6}) == 6
-    assert paged_module._sliding_window(module, {}) == 6  # Mistral-like calls on 5.17 pass none
+    assert layer_sliding_window(module, {"sliding_window": None}) is None  # a full layer
+    assert layer_sliding_window(module, {"sliding_window": 6}) == 6
+    assert layer_sliding_window(module, {}) == 6  # Mistral-like calls on 5.17 pass none
     query = torch.zeros(1, 4, 3, 16)
     cache = type("Cache", (), {"layer_index_to_group_indices": {0: (0, 0)}, "key_cache": [torch.zeros(8, 2, 16)],
                                "value_cache": [torch.zeros(8, 2, 16)], "sliding_windows": {}})()  # fmt: skip

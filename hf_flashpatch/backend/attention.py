@@ -110,6 +110,15 @@ def window_of_every_layer(module) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
+def layer_sliding_window(module, kwargs: dict) -> int | None:
+    """A continuous-batching call's sliding window: the call's ``sliding_window`` where the call passes one (None
+    there is a full layer: EXAONE 4 keeps the config's window on every layer's module and passes it only to its
+    sliding layers), else the module's (Mistral-like models on transformers 5.17 pass none), else the one its model
+    applies only in the mask."""
+    passed = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
+    return passed or window_of_every_layer(module)
+
+
 def _as_int(x) -> int:
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
 

@@ -36,20 +36,10 @@ from .attention import (
     attention_forward,
     check_unsupported,
     common_dtype,
+    layer_sliding_window,
     varlen_packed_row,
     window_from_sliding,
-    window_of_every_layer,
 )
-
-
-def _sliding_window(module, kwargs: dict) -> int | None:
-    """The layer's sliding window: the call's ``sliding_window`` where the call passes one (None there is a full
-    layer: EXAONE 4 keeps the config's window on every layer's module and passes it only to its sliding layers),
-    else the module's (Mistral-like models on transformers 5.17 pass none), else the one its model applies only in
-    the mask."""
-    if "sliding_window" in kwargs:
-        return kwargs["sliding_window"] or window_of_every_layer(module)
-    return getattr(module, "sliding_window", None) or window_of_every_layer(module)
 
 
 def _check_packed_call(query: torch.Tensor, kwargs: dict) -> None:
@@ -78,7 +68,7 @@ def paged_attention_forward_torch(module, query, key, value, attention_mask, dro
     """The gather-then-varlen path of ``paged|<name>`` (any device); see the module docstring."""
     check_unsupported(module, dropout, kwargs)
     _check_packed_call(query, kwargs)
-    sliding = _sliding_window(module, kwargs)
+    sliding = layer_sliding_window(module, kwargs)
     layer_type = "sliding_attention" if sliding else "full_attention"
     cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
     max_q = kwargs.get("max_seqlen_q", kwargs.get("max_length_q"))

@@ -46,7 +46,7 @@ from .. import api  # called as api.<fn> so that a monkeypatched function is see
 from ..kernels import kernels_unavailable_reason
 from ..validate import MAX_HEAD_DIM
 from . import unsupported
-from .attention import once_per_forward
+from .attention import layer_sliding_window, once_per_forward
 
 
 def _per_layer(value, layer_type: str):
@@ -72,13 +72,12 @@ def slot_route_declines(module, query: torch.Tensor, value: torch.Tensor, kwargs
     layer = getattr(module, "layer_idx", None)
     if _slot_pools_of(cache, layer) is None:
         return f"a cache without the slot pools of transformers 5.17-5.18 ({type(cache).__name__})"
-    # Mistral-like models pass the window as a kwarg and keep no module attribute; the cache knows too.
     if unsupported.sink_logits(kwargs) is not None:
         return "attention sinks (the slot route does not fold them in; the gather-then-varlen route does)"
+    # The cache knows a layer's window too, where the call and the module do not say it.
     cache_window = getattr(cache, "sliding_windows", {}).get(layer, 1)  # 5.17
     sliding_allocator = getattr(getattr(cache, "layer_to_allocator", {}).get(layer), "sliding_window", None)  # 5.18
-    passed = kwargs["sliding_window"] if "sliding_window" in kwargs else getattr(module, "sliding_window", None)
-    if cache_window > 1 or sliding_allocator or passed:  # (the call's window where it passes one: paged._sliding_window)
+    if cache_window > 1 or sliding_allocator or layer_sliding_window(module, kwargs):
         return "a sliding-window layer (rolling-buffer slots and sentinel reads)"
     return kernels_unavailable_reason(query)
 
