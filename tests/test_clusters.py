@@ -17,7 +17,7 @@ def _has_libcuda() -> bool:
     return True
 
 
-@pytest.mark.skipif(_has_libcuda(), reason="a driver is present: tests/gpu/test_forward.py asks it for real")
+@pytest.mark.skipif(_has_libcuda(), reason="a driver is present: tests/gpu/test_forward_walks.py asks it for real")
 def test_no_driver_counts_no_clusters():
     assert resident_clusters(b"\x7fELF not a cubin", "hfp_attention_forward_sm90_ws", 2, 384, 215136) == 0
 

@@ -22,17 +22,14 @@ from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.kernels.heuristics import CHAINED_WALK_MAX_KEYS, HOPPER_SHAPES  # noqa: E402
 from hf_flashpatch.reference import attention_reference  # noqa: E402
 
+from .forward_checks import poison_allocator  # noqa: E402
+
 if device_arch(torch.device("cuda")) != "sm_90a":
     pytest.skip("the chained walk is the Hopper body's", allow_module_level=True)
 
 CHAINED = HOPPER_SHAPES[(128, False)]
 if not CHAINED.chained_walk:
     pytest.skip("the unmasked d128 shape does not chain", allow_module_level=True)
-
-
-def _poison_allocator(nbytes: int) -> None:
-    blocks = [torch.full((max(nbytes // 4, 1),), float("nan"), device="cuda") for _ in range(3)]
-    del blocks
 
 
 def _launch(q, k, v, shape, launched, monkeypatch):
@@ -44,7 +41,7 @@ def _launch(q, k, v, shape, launched, monkeypatch):
         return real_get_kernel(build, entry, *args, **kwargs)
 
     monkeypatch.setattr(forward_module, "get_kernel", recording_get_kernel)
-    _poison_allocator(q.numel() * q.element_size())
+    poison_allocator(q.numel() * q.element_size())
     return forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None, shape=shape)
 
 
