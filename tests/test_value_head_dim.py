@@ -1,5 +1,6 @@
 """A value head dim of its own (``D_v != D``, multi-head latent attention) on CPU: the zero-padding route that
-serves it on the kernels, every API form, the references and the input checks.
+serves it on the kernels, and the kernels' native pairs (192/128). Every API form, the references and the input
+checks: ``test_value_head_dim_api.py``.
 
 Layout (batch, seqlen, heads, head_dim): q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``,
 out ``(B, S_q, H, D_v)``. The padded route is run with the forward op's torch path standing in for the kernel
@@ -8,7 +9,6 @@ with the fp32 oracle at the native dims. Where the kernels would run is faked by
 ``kernels_unavailable_reason``; the CUDA runs are in ``tests/gpu/test_value_head_dim_gpu.py``.
 """
 
-import functools
 import math
 
 import pytest
@@ -18,41 +18,19 @@ import hf_flashpatch as hfp
 from hf_flashpatch import api
 from hf_flashpatch.kernels import backward_torch, decode, forward, forward_torch
 from hf_flashpatch.errors import KernelUnsupported
-from hf_flashpatch.reference import attention_reference, attention_tiled, normalize_window, varlen_attention_reference
+from hf_flashpatch.reference import attention_reference, normalize_window, varlen_attention_reference
 from hf_flashpatch.sinks import add_sinks
 from hf_flashpatch.kernels.heuristics import BACKWARD_HEAD_DIMS
 from hf_flashpatch.kernels.value_head_dim import padded_attention, padded_head_dim
+from value_head_dim_inputs import GRAD_TOL, TOL, cotangent_grads, grad_leaves, random_qkv
 
 DIMS = [(192, 128), (96, 64), (64, 32), (128, 256)]  # (q/k head dim, v head dim); DeepSeek-V3's first
-TOL = dict(atol=2e-5, rtol=2e-5)
 FORWARD_HEAD_DIMS = forward.SUPPORTED_HEAD_DIMS
-GRAD_TOL = dict(atol=1e-4, rtol=1e-4)
-
-
-def _qkv(batch=2, seqlen_q=9, seqlen_k=13, heads=4, kv_heads=2, dims=(24, 16), seed=0, packed=False):
-    gen = torch.Generator().manual_seed(seed)
-    head_dim, head_dim_v = dims
-    lead_q, lead_k = ((batch * seqlen_q,), (batch * seqlen_k,)) if packed else ((batch, seqlen_q), (batch, seqlen_k))
-    q = torch.randn(*lead_q, heads, head_dim, generator=gen)
-    k = torch.randn(*lead_k, kv_heads, head_dim, generator=gen)
-    v = torch.randn(*lead_k, kv_heads, head_dim_v, generator=gen)
-    return q, k, v
-
-
-def _leaves(*tensors):
-    return [t.detach().clone().requires_grad_() for t in tensors]
-
-
-def _grads(outputs, inputs, seed=5):
-    """Gradients of ``sum(out * g)`` (+ ``sum(lse * g_lse)``) with fixed random cotangents."""
-    gen = torch.Generator().manual_seed(seed)
-    cotangents = [torch.randn(o.shape, generator=gen) for o in outputs]
-    return torch.autograd.grad(outputs, inputs, cotangents)
 
 
 # ------------------------------------------------------------------------------------ the padded route
 
-CASES = {  # name: (batch kwargs of _qkv, attention kwargs)
+CASES = {  # name: (batch kwargs of random_qkv, attention kwargs)
     "mha": (dict(heads=3, kv_heads=3), dict(causal=False)),
     "gqa causal": (dict(), dict(causal=True)),
     "mqa window": (dict(kv_heads=1), dict(causal=True, window=(4, 0))),
@@ -82,15 +60,15 @@ def test_padded_route_is_exact_forward_and_gradients(dims, case):
     """out, lse, dq, dk, dv (and dsinks) of the padded route equal the oracle's at the native head dims; the
     kernel gets one head dim P (the smallest kernel head dim >= both) and the scale 1/sqrt(D), not 1/sqrt(P)."""
     shape, attention = CASES[case]
-    q, k, v = _qkv(dims=dims, **shape)
+    q, k, v = random_qkv(dims=dims, **shape)
     sinks = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(9)) if attention.get("sinks") else None
-    leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
+    leaves = grad_leaves(q, k, v) + ([] if sinks is None else grad_leaves(sinks))
     calls = []
     out, lse = padded_attention(_recording_torch_kernel(calls), *leaves[:3], kernel_head_dims=FORWARD_HEAD_DIMS,
                                 softmax_scale=None, **_route_kwargs(attention))  # fmt: skip
     if sinks is not None:
         out, lse = add_sinks(out, lse, leaves[3])
-    ref_leaves = _leaves(q, k, v) + ([] if sinks is None else _leaves(sinks))
+    ref_leaves = grad_leaves(q, k, v) + ([] if sinks is None else grad_leaves(sinks))
     ref_sinks = None if sinks is None else ref_leaves[3]
     ref_out, ref_lse = attention_reference(*ref_leaves[:3], causal=attention["causal"], window=attention.get("window"),
                                            softcap=attention.get("softcap"), sinks=ref_sinks)  # fmt: skip
@@ -99,8 +77,8 @@ def test_padded_route_is_exact_forward_and_gradients(dims, case):
     assert out.shape == (*q.shape[:3], dims[1]) and out.is_contiguous()
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
-    got = _grads((out, lse), leaves)
-    want = _grads((ref_out, ref_lse), ref_leaves)
+    got = cotangent_grads((out, lse), leaves)
+    want = cotangent_grads((ref_out, ref_lse), ref_leaves)
     for name, g, w in zip(["dq", "dk", "dv", "dsinks"], got, want):
         assert g.shape == w.shape, name
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
@@ -109,21 +87,21 @@ def test_padded_route_is_exact_forward_and_gradients(dims, case):
 @pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
 def test_padded_route_varlen_is_exact(dims):
     """Packed sequences of lengths 5, 1 and 7 (and two padding rows past cu_seqlens[-1]) through the varlen op."""
-    q, k, v = _qkv(batch=1, seqlen_q=15, seqlen_k=15, heads=4, kv_heads=2, dims=dims, packed=True)
+    q, k, v = random_qkv(batch=1, seqlen_q=15, seqlen_k=15, heads=4, kv_heads=2, dims=dims, packed=True)
     cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32)
-    leaves = _leaves(q, k, v)
+    leaves = grad_leaves(q, k, v)
     calls = []
     out, lse = padded_attention(_recording_torch_kernel(calls), *leaves, kernel_head_dims=FORWARD_HEAD_DIMS,
                                 softmax_scale=0.1, causal=True,
                                 window_left=-1, window_right=0, softcap=None, cu_seqlens_q=cu, cu_seqlens_k=cu,
                                 max_seqlen_q=7, max_seqlen_k=7)  # fmt: skip
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, ref_lse = varlen_attention_reference(*ref_leaves, cu, cu, causal=True, softmax_scale=0.1)
     assert calls[0][3] == 0.1  # an explicit scale passes through
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     assert torch.equal(out[13:], torch.zeros_like(out[13:]))
-    for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+    for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out,), leaves), cotangent_grads((ref_out,), ref_leaves)):
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
 
 
@@ -189,16 +167,16 @@ def kernel_device(monkeypatch):
 def test_flash_attn_func_on_a_kernel_device_pads_inside_the_op(kernel_device, grad):
     """A pair without a native kernel: the forward launch and the backward launch both get zero-padded inputs
     (48/32 -> 64); inference tries the decode kernel first, at the native dims."""
-    q, k, v = _qkv(seqlen_q=2, seqlen_k=17, dims=(48, 32))
-    leaves = _leaves(q, k, v) if grad else [q, k, v]
+    q, k, v = random_qkv(seqlen_q=2, seqlen_k=17, dims=(48, 32))
+    leaves = grad_leaves(q, k, v) if grad else [q, k, v]
     sinks = torch.randn(q.shape[2])
     out, lse = hfp.flash_attn_func(*leaves, causal=True, softcap=4.0, sinks=sinks, return_lse=True)
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, ref_lse = attention_reference(*ref_leaves, causal=True, softcap=4.0, sinks=sinks)
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     if grad:
-        for name, g, w in zip(["dq", "dk", "dv"], _grads((out, lse), leaves), _grads((ref_out, ref_lse), ref_leaves)):
+        for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out, lse), leaves), cotangent_grads((ref_out, ref_lse), ref_leaves)):
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     want = [("forward", 64, 64, 64), ("backward", 64, 64, 64)] if grad else [("decode", 48, 48, 32),
                                                                                ("forward", 64, 64, 64)]  # fmt: skip
@@ -219,15 +197,15 @@ def test_native_pair_takes_the_unpadded_forward_and_backward(kernel_device, hopp
     """192/128 on Hopper: the forward kernel runs at the native dims, for training too, and so does the backward
     but with softcap or ``deterministic=True`` (the gradients then run on v, out and dout zero-padded to 192).
     Other pairs are padded either way."""
-    q, k, v = _qkv(seqlen_q=5, seqlen_k=11, dims=(192, 128))
-    leaves = _leaves(q, k, v) if grad else [q, k, v]
+    q, k, v = random_qkv(seqlen_q=5, seqlen_k=11, dims=(192, 128))
+    leaves = grad_leaves(q, k, v) if grad else [q, k, v]
     attn = dict(causal=True, softcap=4.0 if grad == "softcap" else None, deterministic=grad == "deterministic")
     out = hfp.flash_attn_func(*leaves, **attn)
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, _ = attention_reference(*ref_leaves, causal=True, softcap=attn["softcap"])
     torch.testing.assert_close(out, ref_out, **TOL)
     if grad:
-        for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+        for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out,), leaves), cotangent_grads((ref_out,), ref_leaves)):
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     forward_launch = ("forward", 192, 192, 128)
     tried = ("decode", 192, 192, 128)  # few queries, no gradients: the decode kernel is asked first (and declines)
@@ -240,7 +218,7 @@ def test_native_pair_takes_the_unpadded_forward_and_backward(kernel_device, hopp
     packed = [t.reshape(-1, *t.shape[2:])[:9] for t in (q, k, v)]  # (T, H, D | D_v)
     with torch.no_grad():
         hfp.flash_attn_varlen_func(*packed, cu, cu, 5, 5, causal=True)
-        hfp.flash_attn_func(*_qkv(dims=(96, 64)), causal=True)  # no native kernel for this pair
+        hfp.flash_attn_func(*random_qkv(dims=(96, 64)), causal=True)  # no native kernel for this pair
     assert kernel_device == [forward_launch, ("decode", 96, 96, 64), ("forward", 128, 128, 128)]  # Hopper: no 96
 
 
@@ -258,7 +236,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     mapped = []  # the tensor maps of K, V and Q (no driver here): (tensor, box rows, box heads)
     monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: mapped.append((t, rows, box_heads))
                         or bytes([len(mapped)]) * 128)  # fmt: skip
-    q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=70, dims=(192, 128)))
+    q, k, v = (t.bfloat16() for t in random_qkv(seqlen_q=70, seqlen_k=70, dims=(192, 128)))
     with pytest.raises(KernelUnsupported, match="one CUDA device"):  # the pair passes the head-dim check
         forward._check_supported(q, k, v)
     monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
@@ -301,7 +279,7 @@ def test_backward_launch_at_a_native_pair(monkeypatch):
     monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # the TMA maps (no driver here)
     monkeypatch.setattr(backward.tma, "descriptor", lambda t, rows: bytes(128))
     monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: bytes(128))
-    q, k, v = (t.bfloat16() for t in _qkv(seqlen_q=70, seqlen_k=300, dims=(192, 128)))  # (2, S, 4 | 2, D | D_v)
+    q, k, v = (t.bfloat16() for t in random_qkv(seqlen_q=70, seqlen_k=300, dims=(192, 128)))  # (2, S, 4 | 2, D | D_v)
     out, dout = (torch.zeros(*q.shape[:-1], 128, dtype=torch.bfloat16) for _ in range(2))
     lse = torch.zeros(2, 4, 70)
     cfg = backward.BackwardConfig.choose(192, torch.bfloat16, False, "sm_90a", head_dim_v=128)
@@ -341,14 +319,14 @@ def test_native_pair_configs():
 
 
 def test_varlen_on_a_kernel_device_takes_the_padded_forward(kernel_device):
-    q, k, v = _qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(96, 64), packed=True)
+    q, k, v = random_qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(96, 64), packed=True)
     cu = torch.tensor([0, 4, 12], dtype=torch.int32)
-    leaves = _leaves(q, k, v)
+    leaves = grad_leaves(q, k, v)
     out = hfp.flash_attn_varlen_func(*leaves, cu, cu, 8, 8, causal=True, window=(2, 0))
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, _ = varlen_attention_reference(*ref_leaves, cu, cu, causal=True, window=(2, 0))
     torch.testing.assert_close(out, ref_out, **TOL)
-    for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+    for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out,), leaves), cotangent_grads((ref_out,), ref_leaves)):
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     assert kernel_device == [("forward", 128, 128, 128), ("backward", 128, 128, 128)]  # Hopper pads past 96
 
@@ -375,7 +353,7 @@ def test_decode_kernels_take_192_128_at_the_native_dims(decode_recorder):
     """Contiguous, paged and slot decode at q/k 192, v 128: the HEAD_DIM_V build, out and the split workspace at
     v's head dim, nothing padded."""
     built, launched = decode_recorder
-    q, k_cache, v_cache = (t.bfloat16() for t in _qkv(batch=3, seqlen_q=1, seqlen_k=4096, dims=(192, 128)))
+    q, k_cache, v_cache = (t.bfloat16() for t in random_qkv(batch=3, seqlen_q=1, seqlen_k=4096, dims=(192, 128)))
     lens = torch.tensor([4096, 3, 7], dtype=torch.int32)
     out = hfp.flash_attn_with_kvcache(q, k_cache, v_cache, lens)
     page_table = torch.arange(3 * 256, dtype=torch.int32).view(3, 256)  # pages of 16
@@ -398,7 +376,7 @@ def test_decode_at_a_pair_without_a_build_takes_the_fallback_with_one_warning(de
     """with_kvcache, paged decode and the slot function decline a pair no decode kernel is built for (padding
     the cache would cost more than the attention) and give the fallback's exact answer, warning once."""
     built, _launched = decode_recorder
-    q, k_cache, v_cache = _qkv(batch=3, seqlen_q=1, seqlen_k=10, dims=(48, 32))
+    q, k_cache, v_cache = random_qkv(batch=3, seqlen_q=1, seqlen_k=10, dims=(48, 32))
     q, k_cache, v_cache = q.half(), k_cache.half(), v_cache.half()
     lens = torch.tensor([10, 3, 7], dtype=torch.int32)
     with pytest.warns(UserWarning, match=r"decode kernel serves .* got q \(3, 1, 4, 48\), k \(3, 10, 2, 48\), v "
@@ -419,114 +397,3 @@ def test_decode_at_a_pair_without_a_build_takes_the_fallback_with_one_warning(de
         torch.testing.assert_close(paged[b : b + 1].float(), want, atol=2e-3, rtol=2e-3)
         torch.testing.assert_close(slot[b].float(), want[0, 0], atol=2e-3, rtol=2e-3)
     assert built == []  # nothing was built or launched: the decode paths never pad
-
-
-# ------------------------------------------------------------------------------------ CPU: every API form
-
-
-@pytest.mark.parametrize("kwargs", [dict(causal=False), dict(causal=True, window=(3, 0)),
-                                    dict(causal=True, softcap=5.0)])  # fmt: skip
-@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
-def test_cpu_fallback_of_every_batched_form_matches_the_oracle(kwargs, heads):
-    q, k, v = _qkv(seqlen_q=7, seqlen_k=11, heads=heads[0], kv_heads=heads[1], dims=(24, 8))
-    ref_out, ref_lse = attention_reference(q, k, v, **kwargs)
-    out, lse = hfp.flash_attn_func(q, k, v, return_lse=True, **kwargs)  # the tiled reference
-    torch.testing.assert_close(out, ref_out, **TOL)
-    torch.testing.assert_close(lse, ref_lse, **TOL)
-    torch.testing.assert_close(hfp.flash_attn_func(q, k, v, **kwargs), ref_out, **TOL)  # sdpa where exact
-    one = q[:, -1:]
-    want, _ = attention_reference(one, k, v, **{**kwargs, "causal": True})
-    torch.testing.assert_close(hfp.flash_attn_with_kvcache(one, k, v, **kwargs), want, **TOL)
-    empty = hfp.flash_attn_with_kvcache(one[:0], k[:0], v[:0], return_lse=True)
-    assert empty[0].shape == (0, 1, heads[0], 8) and empty[1].shape == (0, heads[0], 1)
-
-
-def test_cpu_fallback_gradients_match_the_oracle():
-    q, k, v = _qkv(seqlen_q=6, seqlen_k=9, dims=(40, 24))
-    leaves, ref_leaves = _leaves(q, k, v), _leaves(q, k, v)
-    out, lse = hfp.flash_attn_func(*leaves, causal=True, return_lse=True)
-    ref_out, ref_lse = attention_reference(*ref_leaves, causal=True)
-    for name, g, w in zip(["dq", "dk", "dv"], _grads((out, lse), leaves), _grads((ref_out, ref_lse), ref_leaves)):
-        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
-
-
-def test_references_and_torch_paths_agree_at_a_value_head_dim_of_their_own():
-    """naive, tiled, the ops' torch forward and torch backward: one function, D_v != D included."""
-    q, k, v = _qkv(seqlen_q=10, seqlen_k=14, dims=(24, 40))
-    scale = 24**-0.5
-    naive, naive_lse = attention_reference(q, k, v, causal=True, window=(5, 0))
-    tiled, tiled_lse = attention_tiled(q, k, v, causal=True, window=(5, 0), block_m=4, block_n=4)
-    torch_out, torch_lse = forward_torch.attention_with_lse(q, k, v, scale, 5, 0, 0.0)
-    for out, lse in ((tiled, tiled_lse), (torch_out, torch_lse)):
-        assert out.shape == naive.shape == (2, 10, 4, 40)
-        torch.testing.assert_close(out, naive, **TOL)
-        torch.testing.assert_close(lse, naive_lse, **TOL)
-    leaves = _leaves(q, k, v)
-    ref_out, _ = attention_reference(*leaves, causal=True, window=(5, 0))
-    dout = torch.randn(ref_out.shape)
-    want = torch.autograd.grad(ref_out, leaves, dout)
-    got = backward_torch.torch_backward(dout, q, k, v, naive, naive_lse, None, None, None, scale, 5, 0, 0.0)
-    for name, g, w in zip(["dq", "dk", "dv"], got, want):
-        torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
-    packed_out, _ = forward_torch.varlen_attention_with_lse(q[0], k[0, :10], v[0, :10], cu, cu, scale, -1, 0, 0.0)
-    want_packed, _ = varlen_attention_reference(q[0], k[0, :10], v[0, :10], cu, cu, causal=True)
-    torch.testing.assert_close(packed_out, want_packed, **TOL)
-
-
-# ------------------------------------------------------------------------------------ input checks
-
-
-@pytest.mark.parametrize(
-    "shapes, error, match",
-    [
-        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 6, 2, 8)), ValueError,
-         r"k and v must have the same shape except the last dim .*got \(2, 7, 2, 16\) and \(2, 6, 2, 8\)"),
-        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 1, 8)), ValueError, r"except the last dim"),
-        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 2, 0)), ValueError,
-         r"head_dim must be in 1\.\.256, got 0 \(v's head_dim"),
-        (((2, 5, 4, 16), (2, 7, 2, 16), (2, 7, 2, 320)), ValueError,
-         r"got 320 \(v's head_dim, v shape \(2, 7, 2, 320\)"),
-        (((2, 5, 4, 16), (2, 7, 2, 12), (2, 7, 2, 16)), ValueError, r"q and k must have the same head_dim"),
-    ],
-)  # fmt: skip
-def test_bad_value_shapes_name_what_was_received(shapes, error, match):
-    q, k, v = (torch.randn(*s) for s in shapes)
-    with pytest.raises(error, match=match):
-        hfp.flash_attn_func(q, k, v)
-
-
-def test_bad_paged_pools_name_what_was_received():
-    q = torch.randn(1, 1, 4, 16)
-    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"v_pages \(num_pages, page_size, H_kv, D_v\), got \(3, 4, 2, 16\) and "
-                                         r"\(3, 2, 2, 8\)"):  # fmt: skip
-        hfp.flash_attn_paged_decode(q, torch.randn(3, 4, 2, 16), torch.randn(3, 2, 2, 8), table, lens)
-    out = hfp.flash_attn_paged_decode(q, torch.randn(3, 4, 2, 16), torch.randn(3, 4, 2, 8), table, lens)
-    assert out.shape == (1, 1, 4, 8)
-
-
-def test_the_decode_op_takes_a_value_head_dim_of_its_own():
-    """The compile-safe decode op (its fake gives v's head dim) serves D_v != D with its torch path here."""
-    q, k, v = _qkv(seqlen_q=1, dims=(24, 16))
-    out, lse = api.decode_op(q, k, v, None, None, softmax_scale=None, softcap=None, window_left=-1, window_right=0)
-    want, want_lse = attention_reference(q, k, v, causal=True)
-    torch.testing.assert_close(out, want, **TOL)
-    torch.testing.assert_close(lse, want_lse, **TOL)
-    compiled = torch.compile(lambda q, k, v: api.decode_op(q, k, v, None, None, softmax_scale=None, softcap=None,
-                                                           window_left=-1, window_right=0)[0],
-                             fullgraph=True, backend="aot_eager")  # fmt: skip
-    torch.testing.assert_close(compiled(q, k, v), want, **TOL)
-    out, lse = api.attention_op(q, k, v, causal=True, softmax_scale=None, softcap=None, window_left=-1,
-                                window_right=-1)  # fmt: skip
-    torch.testing.assert_close(out, want, **TOL)
-    torch.testing.assert_close(lse, want_lse, **TOL)
-
-
-def test_the_forward_op_compiles_whole_with_a_value_head_dim_of_its_own():
-    """attention_op under torch.compile(fullgraph=True): one op, its fake giving v's head dim."""
-    q, k, v = _qkv(dims=(24, 16))
-    op = functools.partial(api.attention_op, causal=True, softmax_scale=None, softcap=None, window_left=-1,
-                           window_right=-1)  # fmt: skip
-    compiled = torch.compile(lambda q, k, v: op(q, k, v)[0], fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(compiled(q, k, v), attention_reference(q, k, v, causal=True)[0], **TOL)
