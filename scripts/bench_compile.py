@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import torch
-from bench_backward import _llama_1b, _tokens_per_s
+from bench_training import llama_1b, tokens_per_s
 
 from hf_flashpatch import ATTN_NAME
 
@@ -37,7 +37,7 @@ def run_generate(results: list, quick: bool = False) -> None:
     for attn in SERIES:
         torch._dynamo.reset()
         counters.clear()
-        model = _llama_1b(layers, attn).eval()
+        model = llama_1b(layers, attn).eval()
         model.config.use_cache = True  # the training-shaped model turns the cache off
         model.generation_config.pad_token_id = 0
         ids = torch.randint(3, model.config.vocab_size, (batch, prompt), device="cuda")
@@ -79,13 +79,13 @@ def run_training(results: list, quick: bool = False) -> None:
     seqlen, layers = 4096, 4
     panel = f"training step, {layers} layers, 1x{seqlen}"
     for attn in SERIES:
-        model = _llama_1b(layers, attn)
+        model = llama_1b(layers, attn)
         ids = torch.randint(0, model.config.vocab_size, (1, seqlen), device="cuda")
-        eager = _tokens_per_s(lambda: _step(model, ids), seqlen)
+        eager = tokens_per_s(lambda: _step(model, ids), seqlen)
         torch._dynamo.reset()
         counters.clear()
         compiled = torch.compile(model)
-        tok_s = _tokens_per_s(lambda: _step(compiled, ids), seqlen, warmup=3)
+        tok_s = tokens_per_s(lambda: _step(compiled, ids), seqlen, warmup=3)
         breaks, graphs = _dynamo_counts()
         results.append(dict(panel=panel, series=attn, x="eager tokens/s", value=eager, unit="tokens/s"))
         results.append(dict(panel=panel, series=attn, x="compiled tokens/s", value=tok_s, unit="tokens/s"))

@@ -2,7 +2,7 @@
 
     python scripts/profile_training_step.py [--layers 4] [--seqlen 4096] [--attn sdpa,sdpa[flash],hfpatch]
 
-Builds the Llama-3.2-1B-shaped model of ``bench_backward.py`` (random bf16 weights, ``layers`` layers), runs
+Builds the Llama-3.2-1B-shaped model of ``bench_training.py`` (random bf16 weights, ``layers`` layers), runs
 one warm-up step and one profiled forward + backward step of one sequence, and prints per backend: the
 step's wall time, the summed time of its GPU kernels (wall minus busy = the GPU idling, e.g. on host
 syncs), the attention kernels' share, and the ten kernels with the most total time. ``sdpa[flash]`` holds
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_backward import _llama_1b, _train_step  # noqa: E402
+from bench_training import llama_1b, train_step  # noqa: E402
 
 ATTENTION_KERNEL_HINTS = ("flash", "fmha", "attention", "hfp_", "bwd_", "cudnn", "sdpa")
 
@@ -38,13 +38,13 @@ def profile(name: str, layers: int, seqlen: int) -> None:
     from torch.profiler import profile as torch_profile
 
     attn = "sdpa" if name.startswith("sdpa") else name
-    model = _llama_1b(layers, attn)
+    model = llama_1b(layers, attn)
     with _context(name):
-        _train_step(model, seqlen)  # warm-up: kernel loads, allocator
+        train_step(model, seqlen)  # warm-up: kernel loads, allocator
         torch.cuda.synchronize()
         with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            _train_step(model, seqlen)
+            train_step(model, seqlen)
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - t0) * 1e3
     kernels = {}
