@@ -255,6 +255,30 @@ def test_hopper_forward_schedule_decisions():
     assert heuristics._snake_makespan(weights, 128, 1, 132) / ideal < 1.032
 
 
+@pytest.mark.parametrize("window", [(-1, 0), (300, 0), (200, 37), (0, 0), (5, -1)], ids=str)
+@pytest.mark.parametrize("lengths", [(1050, 1050), (113, 1023), (1023, 239), (1, 1), (2048, 2048)], ids=str)
+@pytest.mark.parametrize("group, block_m, block_n", [(1, 128, 128), (4, 128, 160), (3, 192, 128), (8, 128, 64)])
+def test_query_tile_key_tiles_are_the_tiles_its_rows_see(window, lengths, group, block_m, block_n):
+    """The schedule model's key tiles per query tile (the host's copy of the kernel's visible_key_tiles) are exactly
+    the key tiles holding a key that one of the tile's rows sees, by the oracle's visibility mask, with the masked
+    walk's leading rows: the model weighs what the kernel computes."""
+    from hf_flashpatch.kernels import heuristics
+    from hf_flashpatch.reference.masks import visibility_mask
+
+    (left, right), (seqlen_q, seqlen_k) = window, lengths
+    got = heuristics.query_tile_key_tiles(seqlen_q, seqlen_k, group, block_m, block_n, left, right)
+    visible = visibility_mask(seqlen_q, seqlen_k, left, right)  # (S_q, S_k)
+    lead = heuristics.leading_rows(seqlen_q * group, block_m)
+    want = []
+    for m in range(len(got)):
+        rows = range(max(0, m * block_m - lead), min(seqlen_q * group, (m + 1) * block_m - lead))  # packed rows
+        positions = sorted({row // group for row in rows})
+        keys = visible[positions].any(dim=0).nonzero().flatten()  # keys any of the tile's rows sees
+        want.append(len({int(key) // block_n for key in keys}))
+    assert len(got) == -(-seqlen_q * group // block_m)
+    assert got == tuple(want)
+
+
 @pytest.mark.parametrize("head_dim, masked", [(128, True), (128, False), (64, True), (64, False)])
 def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
     """Q by the TMA serves a walk of several works per CTA; with one CTA per work tile the two-math-warpgroup shape

@@ -180,16 +180,28 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
         return HopperSchedule(min(tiles, sms))
     if tiles > MODELLED_MAX_TILES:
         return HopperSchedule(tiles)
-    shift = seqlen_k - seqlen_q  # bottom-right aligned: query position i sits at key position i + shift
-    lead = leading_rows(seqlen_q * group, block_m)  # tile m's packed rows start at m * block_m - lead
+    key_tiles = query_tile_key_tiles(seqlen_q, seqlen_k, group, block_m, block_n, left, right)
+    return _masked_schedule(key_tiles, pairs, sms, pair_kv_bytes)
+
+
+def query_tile_key_tiles(seqlen_q: int, seqlen_k: int, group: int, block_m: int, block_n: int, left: int,
+                         right: int) -> tuple[int, ...]:  # fmt: skip
+    """How many ``block_n``-key tiles each ``block_m``-row query tile of one (kv head, sequence) pair computes in a
+    masked walk: the host's copy of ``visible_key_tiles`` (``cuda/fwd_geometry.cuh``), which the schedule model
+    weighs. Packed rows are positions x the group's query heads; tile m's rows start at ``m * block_m -
+    leading_rows`` (:func:`leading_rows`); bottom-right alignment (query i sits at key ``i + seqlen_k - seqlen_q``);
+    the folded window ``(left, right)``, -1 unbounded. A tile's keys run from its first row's lowest visible key to
+    its last row's highest, so it computes every key tile any of its rows sees and no other."""
+    shift = seqlen_k - seqlen_q
+    lead = leading_rows(seqlen_q * group, block_m)
     key_tiles = []
-    for m in range(count):
+    for m in range(-(-seqlen_q * group // block_m)):
         first = max(0, m * block_m - lead) // group + shift
         last = min(seqlen_q - 1, ((m + 1) * block_m - lead - 1) // group) + shift
         lo = max(0, first - left) if left >= 0 else 0
         hi = min(seqlen_k, last + right + 1) if right >= 0 else seqlen_k
         key_tiles.append(max(0, -(-hi // block_n) - lo // block_n) if hi > lo else 0)
-    return _masked_schedule(tuple(key_tiles), pairs, sms, pair_kv_bytes)
+    return tuple(key_tiles)
 
 
 def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, masked: bool, varlen: bool,
