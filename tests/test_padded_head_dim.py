@@ -8,7 +8,8 @@ replaced by the ops' torch path at the head dims it got, and recorded); the CUDA
 
 import pytest
 import torch
-from test_value_head_dim import GRAD_TOL, TOL, _grads, _leaves, _qkv, kernel_device  # noqa: F401 - a fixture
+from test_value_head_dim import kernel_device  # noqa: F401 - a fixture
+from value_head_dim_inputs import GRAD_TOL, TOL, cotangent_grads, grad_leaves, random_qkv
 
 import hf_flashpatch as hfp
 from hf_flashpatch.errors import KernelUnsupported
@@ -25,17 +26,17 @@ PADDED = {16: (32, 32), 48: (64, 64), 80: (128, 128), 96: (128, 128), 160: (256,
 def test_flash_attn_func_pads_a_head_dim_no_build_takes(kernel_device, head_dim, grad):
     """Forward and backward launches at the padded head dim, exact against the oracle at the model's own head dim
     (its scale ``1/sqrt(D)``, not the padded one's); inference asks the decode kernel first, at the model's dims."""
-    q, k, v = _qkv(seqlen_q=3, seqlen_k=17, dims=(head_dim, head_dim))
-    leaves = _leaves(q, k, v) if grad else [q, k, v]
+    q, k, v = random_qkv(seqlen_q=3, seqlen_k=17, dims=(head_dim, head_dim))
+    leaves = grad_leaves(q, k, v) if grad else [q, k, v]
     out, lse = hfp.flash_attn_func(*leaves, causal=True, window=(9, 0), softcap=4.0, return_lse=True)
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, ref_lse = attention_reference(*ref_leaves, causal=True, window=(9, 0), softcap=4.0)
     assert out.shape == q.shape and out.is_contiguous()
     torch.testing.assert_close(out, ref_out, **TOL)
     torch.testing.assert_close(lse, ref_lse, **TOL)
     fwd, bwd = PADDED[head_dim]
     if grad:
-        for name, g, w in zip(["dq", "dk", "dv"], _grads((out, lse), leaves), _grads((ref_out, ref_lse), ref_leaves)):
+        for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out, lse), leaves), cotangent_grads((ref_out, ref_lse), ref_leaves)):
             assert g.shape == w.shape, name
             torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
         assert kernel_device == [("forward", fwd, fwd, fwd), ("backward", bwd, bwd, bwd)]
@@ -44,14 +45,14 @@ def test_flash_attn_func_pads_a_head_dim_no_build_takes(kernel_device, head_dim,
 
 
 def test_varlen_pads_a_head_dim_no_build_takes(kernel_device):
-    q, k, v = _qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(80, 80), packed=True)  # (12, H, 80)
+    q, k, v = random_qkv(batch=1, seqlen_q=12, seqlen_k=12, dims=(80, 80), packed=True)  # (12, H, 80)
     cu = torch.tensor([0, 1, 12], dtype=torch.int32)
-    leaves = _leaves(q, k, v)
+    leaves = grad_leaves(q, k, v)
     out = hfp.flash_attn_varlen_func(*leaves, cu, cu, 11, 11, causal=True)
-    ref_leaves = _leaves(q, k, v)
+    ref_leaves = grad_leaves(q, k, v)
     ref_out, _ = varlen_attention_reference(*ref_leaves, cu, cu, causal=True)
     torch.testing.assert_close(out, ref_out, **TOL)
-    for name, g, w in zip(["dq", "dk", "dv"], _grads((out,), leaves), _grads((ref_out,), ref_leaves)):
+    for name, g, w in zip(["dq", "dk", "dv"], cotangent_grads((out,), leaves), cotangent_grads((ref_out,), ref_leaves)):
         torch.testing.assert_close(g, w, **GRAD_TOL, msg=name)
     assert kernel_device == [("forward", 128, 128, 128), ("backward", 128, 128, 128)]
 
@@ -59,10 +60,10 @@ def test_varlen_pads_a_head_dim_no_build_takes(kernel_device):
 def test_head_dims_above_256_are_refused_by_name():
     """The kernels' head-dim rule: every head dim up to 256 is served (padded where no build takes it), none above;
     the refusal names the shapes received (the public API then takes the torch fallback)."""
-    q, k, v = (t.bfloat16() for t in _qkv(dims=(80, 80)))
+    q, k, v = (t.bfloat16() for t in random_qkv(dims=(80, 80)))
     with pytest.raises(KernelUnsupported, match="one CUDA device"):  # 80 passes the head-dim check
         forward._check_supported(q, k, v)
-    q, k, v = (t.bfloat16() for t in _qkv(dims=(264, 264)))
+    q, k, v = (t.bfloat16() for t in random_qkv(dims=(264, 264)))
     with pytest.raises(KernelUnsupported, match=r"head dims up to 256 .*got q \(2, 9, 4, 264\), k \(2, 13, 2, 264\)"):
         forward._check_supported(q, k, v)
     assert forward.needs_padding(torch.zeros(1, 1, 1, 80), torch.zeros(1, 1, 1, 80))
@@ -81,11 +82,11 @@ def test_padding_widths_skip_96_on_hopper_but_for_a_deterministic_backward():
 
 @pytest.mark.parametrize("head_dim", list(PADDED))
 def test_backward_config_is_the_padded_head_dims(kernel_device, head_dim):
-    q, k, v = _qkv(dims=(head_dim, head_dim))
+    q, k, v = random_qkv(dims=(head_dim, head_dim))
     cfg = backward.check_supported(q, k, v, 0.0)
     assert (cfg.head_dim, cfg.head_dim_v) == (PADDED[head_dim][1], None)
-    assert backward.check_supported(*_qkv(dims=(64, 64)), 0.0).head_dim == 64  # a build's own head dim stays
+    assert backward.check_supported(*random_qkv(dims=(64, 64)), 0.0).head_dim == 64  # a build's own head dim stays
     deterministic = backward.check_supported(q, k, v, 0.0, deterministic=True)  # the per-warp body keeps 96
     assert deterministic.head_dim == (96 if head_dim in (80, 96) else PADDED[head_dim][1])
     with pytest.raises(KernelUnsupported, match="head_dim must be one of"):
-        backward.check_supported(*_qkv(dims=(264, 264)), 0.0)
+        backward.check_supported(*random_qkv(dims=(264, 264)), 0.0)
