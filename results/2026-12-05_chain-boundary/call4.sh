@@ -1,5 +1,5 @@
 #!/bin/bash
-# Planned for the next device session (not run). Why does the shadow build (tag s47-shadow-boundary-lost) lose 4-5 %
+# Session 49, call 2 (after call5.sh). Why does the shadow build (tag s47-shadow-boundary-lost) lose 4-5 %
 # a step when its steady path in the SASS is as long as main's?
 # 1. The A/B of kernel time: main / shadow / four probes on shadow's code (tags s47-shadow-probe-*): "none" (all its
 #    per-work code after the P V wait, as main: the refactor alone), and only "finish", "copy" or "switch" before it.
@@ -29,4 +29,9 @@ for tree in ab/ab_tl_main ab/ab_tl_shadow; do
     echo "== $name $seqlen"; grep -v "^/" $OUT/timeline_${name}_$seqlen.log | tail -30
   done
 done
+LEFT=$(( 540 - ($(date +%s) - START) ))
+if [ $LEFT -gt 150 ]; then  # the final table of main: sustained ours / cuDNN, every issue-14 cell
+  timeout $(( LEFT - 10 )) python3 scripts/bench_sustained.py --seconds 0.6 --rounds 5 > $OUT/bench_sustained.log 2>&1
+  grep -E "forward|backward" $OUT/bench_sustained.log
+fi
 echo "total $(( $(date +%s) - START )) s"
