@@ -33,4 +33,12 @@ echo "== final_pv: $(head -1 $OUT/final_pv_tests.log) $(tail -1 $OUT/final_pv_te
 grep -E "^(FAILED|ERROR)" $OUT/final_pv_tests.log | head
 echo "== $(head -1 $OUT/transformers_5_21.log): $(tail -1 $OUT/transformers_5_21.log)"
 grep -E "^(FAILED|ERROR)" $OUT/transformers_5_21.log | head
+# Where time is left (the device's starts were scarce): call 4's A/B of the shadow probes alone, after the tests.
+LEFT=$(( 480 - ($(date +%s) - START) ))
+if [ $LEFT -gt 150 ]; then
+  timeout $(( LEFT - 5 )) python3 scripts/ab_kernels.py --tree main=ab/ab_main --tree shadow=ab/ab_shadow \
+    --tree none=ab/ab_none --tree finish=ab/ab_finish --tree copy=ab/ab_copy --tree switch=ab/ab_switch --rounds 3 \
+    --only "^fwd d128 (8x2k|4x4k) full$" > $OUT/ab_probes.log 2>&1
+  tail -8 $OUT/ab_probes.log
+fi
 echo "total $(( $(date +%s) - START )) s"
