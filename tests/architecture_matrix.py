@@ -74,6 +74,7 @@ KERNEL_SIZES = dict(
     kv_lora_rank=64, q_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
 )  # fmt: skip
 WINDOW = 6  # sliding windows and attention chunks: shorter than the test sequences, so they matter
+MAMBA = dict(mamba_n_heads=8, mamba_d_state=16, mamba_chunk_size=16)  # the head width follows the hidden size
 # What a few configs need beyond TINY (most need nothing).
 SPECIAL = {
     "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=1e4, clip_qkv=8.0),
@@ -93,8 +94,11 @@ SPECIAL = {
     "zamba": dict(num_hidden_layers=6, attn_layer_period=2, attn_layer_offset=1),  # shares one block: >= 2 uses
     "zamba2": dict(layer_types=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
-    "bamba": dict(attn_layer_indices=[1]),
-    "granitemoehybrid": dict(layer_types=["mamba", "attention"]),
+    # mamba hybrids: a small state space (the defaults' 128 heads x 256 states made transformers 5.17's mamba code
+    # allocate 24 GB at the tiny sizes)
+    "bamba": dict(attn_layer_indices=[1], **MAMBA),
+    "falcon_h1": dict(**MAMBA),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], **MAMBA),
     # its indexer scores with the query heads of K/V head 0 (at most the group), from pools of whole blocks
     "kolibri1_1": dict(index_num_heads=2, index_topk=8, index_pool_size=32, index_compression=4,
                        index_num_local_tokens=4, index_num_sink_tokens=2),
