@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_flashpatch import checkpointing, text_data
+from hf_flashpatch import checkpointing
 from hf_flashpatch.training import TrainArgs, TrainingInputError, train
 
 from tiny_llama import save_tiny_llama

@@ -134,7 +134,7 @@ def _structs() -> dict[str, str]:
 
 def _struct_fields(name: str, prefix: str = "") -> tuple[list[str], str, str, int]:
     """``(names, letters, format, alignment)`` of struct ``name``'s fields, nested structs flattened."""
-    names, letters, fmt, align, last_type = [], "", "", 1, ""
+    names, letters, fmt, align = [], "", "", 1
     for statement in _structs()[name].split(";"):
         parts = [" ".join(p.split()) for p in statement.split(",") if p.strip()]
         if not parts:
