@@ -20,7 +20,7 @@ Common keyword arguments:
 - ``softmax_scale``: a finite float; ``None`` (only ``None``) means ``1 / sqrt(head_dim)``, so
   ``0.0`` is a scale of 0 on every path;
 - ``window``: ``(left, right)`` ints, keys visible on each side of the diagonal, ``None``/``-1``
-  unbounded (transformers' ``sliding_window=W`` is ``(W - 1, 0)`` with causal);
+  unbounded, other negatives an error (transformers' ``sliding_window=W`` is ``(W - 1, 0)`` with causal);
 - ``softcap``: ``scores = softcap * tanh(scores / softcap)`` after scaling (Gemma 2); ``None``, 0
   and ``inf`` mean no cap, NaN or a negative value is an error;
 - ``return_lse``: also return the fp32 log-sum-exp of each query row, ``-inf`` where no key is seen;
@@ -379,8 +379,12 @@ def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
             f"num_slots and H_kv, and each pool the head dim of its new rows, got {tuple(k_new.shape)}, "
             f"{tuple(v_new.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
         )
-    if len({t.dtype for _, t in named}) != 1:
-        raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, got {[str(t.dtype) for _, t in named]}")
+    if len({t.dtype for _, t in named}) != 1 or k_new.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, float16, bfloat16 or float32, got "
+                        f"{[str(t.dtype) for _, t in named]}")  # fmt: skip
+    if not torch.compiler.is_compiling() and k_pool.data_ptr() == v_pool.data_ptr() and k_pool.numel():
+        raise ValueError(f"k_pool and v_pool are the same memory (shape {tuple(k_pool.shape)}): V's rows would "
+                         "overwrite K's")  # fmt: skip
     if not isinstance(slots, torch.Tensor):
         raise TypeError(f"slots must be a torch.Tensor, got {type(slots).__name__}")
     check_int_vector(slots, "slots", k_new.shape[0], slots.device)  # the device: with the pools' below

@@ -9,9 +9,9 @@ NaN: a NaN in q or k makes exactly the rows that see it NaN, on both paths. sdpa
 its CPU kernels drop a NaN query row, and a mask tensor is added to the scores, so a NaN key reaches
 the rows the mask hides it from (``NaN + -inf`` is NaN). So sdpa gets q and k with NaN replaced by
 0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync). Where a mask
-applies, an infinite value in q or k (its scores are inf or NaN by plain arithmetic, as in the kernels) takes
-the tiled path, which masks each score before the softmax reads it (sdpa adds the mask to an inf score); that
-check costs one host sync on CUDA, as the mask's own row check does. Without a mask both paths compute the same.
+applies, an infinite value in q or k, or finite ones whose scores may pass fp32's range (their scores are inf or
+NaN by plain arithmetic, as in the kernels), takes the tiled path, which masks each score before the softmax reads it
+(sdpa adds the mask to an inf score); that check costs one host sync on CUDA, as the mask's own row check does. Without a mask both paths compute the same.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     left, right = normalize_window(window, causal)
     masked = left >= 0 or right >= 0
-    if softcap or return_lse or (masked and bool(q.isinf().any() | k.isinf().any())):
+    if softcap or return_lse or (masked and _scores_may_be_infinite(q, k, scale)):
         out, lse = attention_tiled(
             q, k, v, causal=causal, softmax_scale=scale, window=window, softcap=softcap, block_m=128, block_n=256
         )
@@ -52,6 +52,16 @@ def attention(q, k, v, *, causal, softmax_scale, window, softcap, return_lse):
     if mask is not None and not bool(mask.any(dim=-1).all()):
         out = out.masked_fill(~mask.any(dim=-1)[None, :, None, None], 0.0)  # rows with no key: 0, not NaN
     return out.masked_fill(_nan_rows(q_nan, k_nan, mask)[..., None], float("nan"))
+
+
+def _scores_may_be_infinite(q: torch.Tensor, k: torch.Tensor, scale: float) -> bool:
+    """Whether a score ``scale * q . k`` may be infinite: an infinite q or k, or finite ones whose dot product may
+    pass fp32's range (bounded by ``D * max|q| * max|k| * |scale|``). One host sync on CUDA."""
+    if q.numel() == 0 or k.numel() == 0:
+        return False
+    infinite = q.isinf().any() | k.isinf().any()
+    bound = q.abs().amax().double() * k.abs().amax().double() * (abs(scale) * q.shape[-1])  # NaN if any is NaN
+    return bool(infinite | (bound > torch.finfo(torch.float32).max))
 
 
 def _in_graph(result, *inputs):

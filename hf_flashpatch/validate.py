@@ -47,6 +47,7 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         len(q_shape) == len(k_shape) == len(v_shape) == rank
         and dtype in SUPPORTED_DTYPES and dtype == k.dtype == v.dtype
         and q.device == k.device == v.device
+        and q.layout == k.layout == v.layout == torch.strided
         and k_shape[:-1] == v_shape[:-1] and (packed or k_shape[0] == q_shape[0]) and k_shape[-1] == head_dim
         and 0 < head_dim <= MAX_HEAD_DIM and 0 < head_dim_v <= MAX_HEAD_DIM
         and k_shape[-2] != 0 and q_shape[-2] % k_shape[-2] == 0
@@ -66,6 +67,9 @@ def _explain_qkv(q, k, v, rank: int, layout: str, packed: bool) -> None:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, t in zip(("q", "k", "v"), (q, k, v)):
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if k.shape[:-1] != v.shape[:-1]:
         _fail(f"k and v must have the same shape except the last dim (v's head_dim may differ), got {tuple(k.shape)} "
               f"and {tuple(v.shape)}")  # fmt: skip
@@ -116,8 +120,8 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
     ``softcap`` 0, None and values that are +inf in fp32 (the precision scores are computed in) all mean no cap
     (``inf * tanh(s / inf)`` is ``s``); NaN, negative or non-numbers are errors, as are a ``softmax_scale`` that
     is NaN or infinite in fp32 (0.0 is a valid scale: all scores 0), window sides that are not ints (a float
-    would be truncated silently) or do not fit int32, and a ``causal`` that is not a bool (a string such as
-    ``"no"`` would read as true).
+    would be truncated silently), below -1 (only -1 and None mean unbounded; flash-attn reads any negative so) or
+    past int32, and a ``causal`` that is not a bool (a string such as ``"no"`` would read as true).
     """
     if not (isinstance(causal, int) and causal in (0, 1)):  # a bool is an int
         raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
@@ -147,8 +151,9 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
                     f"window {side} must be an int or None (-1/None = unbounded), got {type(value).__name__} "
                     f"{value!r} in window={window!r}"
                 ) from None
-            if not -_INT32_MAX <= operator.index(value) <= _INT32_MAX:
-                _fail(f"window {side} must fit int32 (-1/None = unbounded), got {value} in window={window!r}")
+            if not -1 <= operator.index(value) <= _INT32_MAX:  # flash-attn reads any negative as unbounded; a
+                # miscomputed window (sliding_window - 6) would silently widen to the whole sequence
+                _fail(f"window {side} must be -1/None (unbounded) or in 0..2**31-1, got {value} in window={window!r}")
     return float(softcap) if softcap and softcap <= _FLOAT32_MAX else None
 
 
@@ -331,10 +336,13 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, c
               f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")  # fmt: skip
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         try:
-            if isinstance(value, bool) or operator.index(value) < 0:
+            if isinstance(value, bool):
                 raise TypeError
+            negative = operator.index(value) < 0
         except TypeError:
             raise TypeError(f"{name} must be an int >= 0, got {type(value).__name__} {value!r}") from None
+        if negative:
+            _fail(f"{name} must be >= 0, got {value}")
     if content_checks_enabled(check_inputs, cu_seqlens_q, cu_seqlens_k):
         return check_varlen_contents(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k,
                                      keys_name)  # fmt: skip
@@ -371,6 +379,8 @@ def check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs: bool) 
         _fail(f"q, k_pages, v_pages must be on one device, got {q.device}, {k_pages.device}, {v_pages.device}")
     if k_pages.shape[-1] != q.shape[-1]:
         _fail(f"q and k_pages must have the same head_dim (their last dim), got {pools}")
+    check_head_dim(q.shape[-1], f" ({pools})")
+    check_head_dim(v_pages.shape[-1], f" (v_pages' head_dim; {pools})")
     if k_pages.shape[2] == 0 or q.shape[2] % k_pages.shape[2] != 0:
         _fail(f"k_pages/v_pages heads (dim 2) must divide q's heads (GQA/MQA), got {pools}")
     one_page = (q.shape[0], -1, -1, -1)  # page 0 as (B, page_size, H_kv, D)

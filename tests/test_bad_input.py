@@ -146,6 +146,8 @@ def test_max_seqlen_must_cover_the_longest_sequence():
         _varlen([0, 3, 10, 12], max_q=5)
     with pytest.raises(TypeError, match=r"max_seqlen_k must be an int >= 0, got float 7.5"):
         _varlen([0, 3, 10, 12], max_k=7.5)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be >= 0, got -1"):
+        _varlen([0, 3, 10, 12], max_q=-1)
 
 
 def test_valid_tables_and_tail_padding_still_work():

@@ -27,6 +27,32 @@ def test_an_infinite_key_reaches_only_the_rows_that_see_it():
     torch.testing.assert_close(out, ref, equal_nan=True)
 
 
+def test_finite_scores_past_fp32_reach_only_the_rows_that_see_them():
+    """Finite q and k whose score overflows fp32 (1e20 x 1e20): sdpa added the causal mask to that inf score and
+    turned the row that does not see it NaN too; the path taken now masks before the softmax, as the oracle."""
+    q, k = torch.tensor([1e20, 1e20]).view(1, 2, 1, 1), torch.tensor([1.0, 1e20]).view(1, 2, 1, 1)
+    v = torch.tensor([3.0, 5.0]).view(1, 2, 1, 1)
+    out = hfp.flash_attn_func(q, k, v, causal=True, softmax_scale=1.0)
+    ref = attention_reference(q, k, v, causal=True, softmax_scale=1.0)[0]
+    assert out[0, 0, 0, 0] == 3.0  # row 0 sees key 0 only
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    cached = hfp.flash_attn_with_kvcache(q, k, v, causal=True, softmax_scale=1.0)
+    torch.testing.assert_close(cached, ref, equal_nan=True)
+
+
+def test_sparse_inputs_are_refused_by_layout():
+    q = torch.randn(1, 4, 2, 8)
+    with pytest.raises(TypeError, match="q must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"):
+        hfp.flash_attn_func(q.to_sparse(), q, q)
+
+
+def test_paged_value_head_dim_errors_name_the_pools():
+    q, pk, pv, pt, lens = _paged()
+    wide = torch.randn(*pv.shape[:-1], 300)
+    with pytest.raises(ValueError, match=r"got 300 \(v_pages' head_dim; .* v_pages \(6, 4, 2, 300\)"):
+        hfp.flash_attn_paged_decode(q, pk, wide, pt, lens)
+
+
 @pytest.mark.parametrize("kwargs", [dict(softcap=30.0), dict(return_lse=True), dict(sinks=torch.zeros(4))])
 def test_outputs_are_contiguous_on_every_path(kwargs):
     q = k = v = torch.randn(2, 5, 4, 16)
@@ -129,7 +155,9 @@ def test_paged_decode_errors_name_the_pools():
     "kwargs,error,match",
     [
         (dict(softmax_scale=1e308), ValueError, "softmax_scale must be finite in fp32"),
-        (dict(window=(2**64, 0)), ValueError, "window left must fit int32"),
+        (dict(window=(2**64, 0)), ValueError, r"window left must be -1/None \(unbounded\) or in 0..2\*\*31-1, got 1844"),
+        (dict(window=(-5, 0)), ValueError, r"window left must be -1/None \(unbounded\) .* got -5 in window=\(-5,"),
+        (dict(window=(2, -3)), ValueError, r"window right must be .* got -3 in window=\(2, -3\)"),
         (dict(causal="no"), TypeError, "causal must be a bool, got str 'no'"),
     ],
 )

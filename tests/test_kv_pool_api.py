@@ -73,6 +73,12 @@ def test_kv_append_errors_name_what_was_received():
         api.kv_append(new, new[..., :4], pool, pool.clone(), torch.tensor([0, 1]))  # v rows 4 wide, v pool 8
     with pytest.raises(ValueError, match=r"slots must be \(2,\), got \(3,\)"):
         api.kv_append(new, new, pool, pool.clone(), torch.tensor([0, 1, 2]))
+    with pytest.raises(TypeError, match=r"float16, bfloat16 or float32, got \['torch.int32'"):
+        api.kv_append(new.int(), new.int(), pool.int(), pool.int(), torch.tensor([0, 1]))
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"k_pool and v_pool are the same memory \(shape \(10, 2, 8\)\)"):
+        api.kv_append(new + 1, new + 2, pool, pool, torch.tensor([0, 1]))  # V would overwrite K
+    assert torch.equal(pool, before)
 
 
 @pytest.mark.parametrize("causal,softcap", [(True, None), (False, 20.0)])
