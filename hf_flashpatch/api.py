@@ -56,7 +56,7 @@ from .errors import KernelUnsupported
 from .kernels import kernels_unavailable_reason
 from .reference.masks import normalize_window
 from .sinks import add_sinks
-from .validate import check_kvcache, check_paged, check_qkv, check_scalars, check_sinks, check_varlen
+from .validate import check_flags, check_kvcache, check_paged, check_qkv, check_scalars, check_sinks, check_varlen
 
 _warned: set[str] = set()
 
@@ -143,6 +143,7 @@ def flash_attn_func(
     """
     check_qkv(q, k, v, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
+    check_flags(return_lse=return_lse, deterministic=deterministic)
     sinks = check_sinks(sinks, q)
     if q.device.type == "meta":
         return _shapes_only(q, v.shape[-1], return_lse)
@@ -203,6 +204,7 @@ def flash_attn_varlen_func(
     ``check_inputs=False`` skips the check of the tables' contents on CUDA (see the module docstring)."""
     check_qkv(q, k, v, packed=True)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
+    check_flags(return_lse=return_lse, deterministic=deterministic, check_inputs=check_inputs)
     checked_end = check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_inputs)
     sinks = check_sinks(sinks, q)
     if q.device.type == "meta":
@@ -242,6 +244,7 @@ def flash_attn_with_kvcache(
     """
     check_qkv(q, k_cache, v_cache, packed=False)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
+    check_flags(return_lse=return_lse, check_inputs=check_inputs)
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
     sinks = check_sinks(sinks, q)
     if q.device.type == "meta":
@@ -278,6 +281,7 @@ def flash_attn_paged_decode(
     ``out (B, S_q, H, D_v)`` [, ``lse (B, H, S_q)``]. For a managed pool (allocation, appends, freeing)
     see :class:`hf_flashpatch.paged.PagedKVCache`.
     """
+    check_flags(return_lse=return_lse, check_inputs=check_inputs)
     check_paged(q, k_pages, v_pages, page_table, seqlens_k, check_inputs)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     sinks = check_sinks(sinks, q)
@@ -349,6 +353,7 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None
     are skipped. Without that check no path syncs with the host (CUDA-graph capturable), the torch
     fallback included.
     """
+    check_flags(check_inputs=check_inputs)
     _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs)
     if k_new.shape[0] == 0:
         return
@@ -439,6 +444,7 @@ def flash_attn_slot_varlen_func(
 
     check_qkv(q, k_pool, v_pool, packed=True)
     softcap = check_scalars(softmax_scale, softcap, window, causal)
+    check_flags(return_lse=return_lse, check_inputs=check_inputs)
     if k_pool.shape[0] == 0:
         raise ValueError(f"k_pool/v_pool must hold at least one slot, got {tuple(k_pool.shape)}")
     if not isinstance(slots, torch.Tensor) or slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):

@@ -157,6 +157,14 @@ def check_scalars(softmax_scale, softcap, window, causal=False) -> float | None:
     return float(softcap) if softcap and softcap <= _FLOAT32_MAX else None
 
 
+def check_flags(**flags) -> None:
+    """Boolean arguments (``return_lse``, ``deterministic``, ``check_inputs``): a bool or 0/1; a string such as
+    ``"no"`` would read as true."""
+    for name, value in flags.items():
+        if not (isinstance(value, int) and value in (0, 1)):  # a bool is an int
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
 # ------------------------------------------------------------------------------------ table structure
 
 

@@ -40,6 +40,14 @@ def test_finite_scores_past_fp32_reach_only_the_rows_that_see_them():
     torch.testing.assert_close(cached, ref, equal_nan=True)
 
 
+def test_check_inputs_must_be_a_bool_everywhere():
+    q, pk, pv, pt, lens = _paged()
+    with pytest.raises(TypeError, match="check_inputs must be a bool, got str 'no'"):
+        hfp.flash_attn_paged_decode(q, pk, pv, pt, lens, check_inputs="no")
+    with pytest.raises(TypeError, match="check_inputs must be a bool, got NoneType None"):
+        hfp.flash_attn_with_kvcache(q, q, q, check_inputs=None)
+
+
 def test_sparse_inputs_are_refused_by_layout():
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(TypeError, match="q must be a dense \\(strided\\) tensor, got layout torch.sparse_coo"):
@@ -159,6 +167,8 @@ def test_paged_decode_errors_name_the_pools():
         (dict(window=(-5, 0)), ValueError, r"window left must be -1/None \(unbounded\) .* got -5 in window=\(-5,"),
         (dict(window=(2, -3)), ValueError, r"window right must be .* got -3 in window=\(2, -3\)"),
         (dict(causal="no"), TypeError, "causal must be a bool, got str 'no'"),
+        (dict(return_lse="no"), TypeError, "return_lse must be a bool, got str 'no'"),
+        (dict(deterministic="x"), TypeError, "deterministic must be a bool, got str 'x'"),
     ],
 )
 def test_scalars_out_of_range_are_errors(kwargs, error, match):
