@@ -242,7 +242,7 @@ def flash_attn_with_kvcache(
     takes the torch fallback instead (module docstring). Returns ``out (B, S_q, H, D_v)`` [, ``lse (B, H, S_q)``].
     ``check_inputs=False`` skips the check of ``cache_seqlens``' values on CUDA (module docstring).
     """
-    check_qkv(q, k_cache, v_cache, packed=False)
+    check_qkv(q, k_cache, v_cache, packed=False, names=("q", "k_cache", "v_cache"))
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_flags(return_lse=return_lse, check_inputs=check_inputs)
     check_kvcache(q, k_cache, cache_seqlens, check_inputs)
@@ -442,7 +442,7 @@ def flash_attn_slot_varlen_func(
     """
     from .validate import check_varlen, content_checks_enabled
 
-    check_qkv(q, k_pool, v_pool, packed=True)
+    check_qkv(q, k_pool, v_pool, packed=True, names=("q", "k_pool", "v_pool"))
     softcap = check_scalars(softmax_scale, softcap, window, causal)
     check_flags(return_lse=return_lse, check_inputs=check_inputs)
     if k_pool.shape[0] == 0:

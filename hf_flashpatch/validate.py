@@ -29,16 +29,18 @@ def _fail(message: str):
     raise ValueError(message)
 
 
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool) -> None:
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool,
+              names: tuple[str, str, str] = ("q", "k", "v")) -> None:
     """Batched: q ``(B, S_q, H, D)``, k ``(B, S_k, H_kv, D)``, v ``(B, S_k, H_kv, D_v)``. Packed: q ``(T_q, H, D)``,
     k ``(T_k, H_kv, D)``, v ``(T_k, H_kv, D_v)``. v's head dim ``D_v`` may differ from ``D`` (multi-head latent
-    attention); every other dim of k and v must match.
+    attention); every other dim of k and v must match. ``names``: what q, k and v are in the caller's signature
+    (``k_cache``, ``k_pool``, ...), for the errors.
 
     Every decode layer of every step runs this, so the accepted case costs a handful of compares; the messages
     are built only on the way to an error."""
     rank = 3 if packed else 4
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
-        for name, t in (("q", q), ("k", k), ("v", v)):  # subclasses (fake, functional tensors) are tensors too
+        for name, t in zip(names, (q, k, v)):  # subclasses (fake, functional tensors) are tensors too
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
@@ -53,35 +55,36 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, packed: bool
         and k_shape[-2] != 0 and q_shape[-2] % k_shape[-2] == 0
     ):  # fmt: skip
         _explain_qkv(q, k, v, rank, "(total, heads, head_dim)" if packed else "(batch, seqlen, heads, head_dim)",
-                     packed)  # fmt: skip
+                     packed, names)  # fmt: skip
 
 
-def _explain_qkv(q, k, v, rank: int, layout: str, packed: bool) -> None:
+def _explain_qkv(q, k, v, rank: int, layout: str, packed: bool, names: tuple[str, str, str]) -> None:
     """Raise the error that names the first thing :func:`check_qkv` refuses."""
-    for name, t in zip(("q", "k", "v"), (q, k, v)):
+    nq, nk, nv = names
+    for name, t in zip(names, (q, k, v)):
         if t.dim() != rank:
             _fail(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"{nq}, {nk}, {nv} must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
-        _fail(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    for name, t in zip(("q", "k", "v"), (q, k, v)):
+        _fail(f"{nq}, {nk}, {nv} must be on one device, got {q.device}, {k.device}, {v.device}")
+    for name, t in zip(names, (q, k, v)):
         if t.layout != torch.strided:
             raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
     if k.shape[:-1] != v.shape[:-1]:
-        _fail(f"k and v must have the same shape except the last dim (v's head_dim may differ), got {tuple(k.shape)} "
-              f"and {tuple(v.shape)}")  # fmt: skip
+        _fail(f"{nk} and {nv} must have the same shape except the last dim ({nv}'s head_dim may differ), got "
+              f"{tuple(k.shape)} and {tuple(v.shape)}")  # fmt: skip
     if not packed and k.shape[0] != q.shape[0]:
-        _fail(f"q and k must have the same batch, got {tuple(q.shape)} and {tuple(k.shape)}")
+        _fail(f"{nq} and {nk} must have the same batch, got {tuple(q.shape)} and {tuple(k.shape)}")
     head_dim = q.shape[-1]
     if k.shape[-1] != head_dim:
-        _fail(f"q and k must have the same head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
-    check_head_dim(head_dim, f" (q shape {tuple(q.shape)})")
-    check_head_dim(v.shape[-1], f" (v's head_dim, v shape {tuple(v.shape)})")
+        _fail(f"{nq} and {nk} must have the same head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+    check_head_dim(head_dim, f" ({nq} shape {tuple(q.shape)})")
+    check_head_dim(v.shape[-1], f" ({nv}'s head_dim, {nv} shape {tuple(v.shape)})")
     heads, kv_heads = q.shape[-2], k.shape[-2]
-    _fail(f"k/v heads must divide q heads (GQA/MQA), got {heads} q heads and {kv_heads} kv heads")
+    _fail(f"{nk}/{nv} heads must divide {nq} heads (GQA/MQA), got {heads} {nq} heads and {kv_heads} kv heads")
 
 
 def check_head_dim(head_dim: int, where: str = "") -> None:
