@@ -369,7 +369,7 @@ def kv_append(k_new, v_new, k_pool, v_pool, slots, *, check_inputs=True) -> None
 
 
 def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
-    from .validate import check_int_vector, check_writable_pool, content_checks_enabled
+    from .validate import SUPPORTED_DTYPES, check_int_vector, check_writable_pool, content_checks_enabled
 
     named = (("k_new", k_new), ("v_new", v_new), ("k_pool", k_pool), ("v_pool", v_pool))
     for name, t in named:
@@ -384,7 +384,7 @@ def _check_kv_append(k_new, v_new, k_pool, v_pool, slots, check_inputs) -> None:
             f"num_slots and H_kv, and each pool the head dim of its new rows, got {tuple(k_new.shape)}, "
             f"{tuple(v_new.shape)}, {tuple(k_pool.shape)}, {tuple(v_pool.shape)}"
         )
-    if len({t.dtype for _, t in named}) != 1 or k_new.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if len({t.dtype for _, t in named}) != 1 or k_new.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"k_new, v_new, k_pool, v_pool must share a dtype, float16, bfloat16 or float32, got "
                         f"{[str(t.dtype) for _, t in named]}")  # fmt: skip
     if not torch.compiler.is_compiling() and k_pool.data_ptr() == v_pool.data_ptr() and k_pool.numel():

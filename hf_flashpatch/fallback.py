@@ -10,8 +10,9 @@ its CPU kernels drop a NaN query row, and a mask tensor is added to the scores, 
 the rows the mask hides it from (``NaN + -inf`` is NaN). So sdpa gets q and k with NaN replaced by
 0, and the rows that see a NaN are set to NaN afterwards (:func:`_nan_rows`; no host sync). Where a mask
 applies, an infinite value in q or k, or finite ones whose scores may pass fp32's range (their scores are inf or
-NaN by plain arithmetic, as in the kernels), takes the tiled path, which masks each score before the softmax reads it
-(sdpa adds the mask to an inf score); that check costs one host sync on CUDA, as the mask's own row check does. Without a mask both paths compute the same.
+NaN by plain arithmetic, as in the kernels), takes the tiled path, which masks each score before the softmax reads
+it (sdpa adds the mask to an inf score); that check costs one host sync on CUDA, as the mask's own row check does.
+Without a mask both paths compute the same.
 """
 
 from __future__ import annotations
