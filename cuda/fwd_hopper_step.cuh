@@ -136,23 +136,28 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // slot are waited for and handed back apart: `wait_keys(i)` waits until tile i's K is in its slot and
 // returns the slot (K at k_ring + slot * kKBytes), `wait_values(i)` until its V is (at v_ring + slot * kVBytes);
 // `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
-// runs once every S = Q K^T retired (at once without key tiles). row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
+// runs once every S = Q K^T retired (at once without key tiles). `take_turn()` / `pass_turn()` bracket the issue of
+// each product group (the walk's turns of the math warpgroups, WARPGROUP_TURNS; no-ops elsewhere): a loop over n
+// key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
 // t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
 // compiler from touching registers a wgmma owns between its issue and its wait.
 template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
-          typename ReleaseQueries>
+          typename ReleaseQueries, typename TakeTurn, typename PassTurn>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                          int row, int t, hfp::sm90::SteppedDescriptor q_rows,
                                          hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
                                          WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
-                                         ReleaseValues release_values, ReleaseQueries release_queries) {
+                                         ReleaseValues release_values, ReleaseQueries release_queries,
+                                         TakeTurn take_turn, PassTurn pass_turn) {
   using namespace hfp::sm90;
   // O's rescale for tile i-1 goes before P(i-1) V(i-1), under S(i) (FlashAttention-3's order), where a tile's P V is
   // long enough to pay for starting later; on 64-key tiles (192/128) it waits for P V to retire instead (decision
   // log in notes/forward.md).
   constexpr bool kRescaleBeforePv = BLOCK_N >= 128;
   const int num_tiles = tile.keys.num_tiles, n_block_max = tile.keys.n_block_max;
-  if (num_tiles == 0) {
+  if (num_tiles == 0) {  // one turn, as a loop over tiles takes num_tiles + 1
+    take_turn();
+    pass_turn();
     release_queries();
     return;
   }
@@ -189,7 +194,12 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     release_values(i);
   };
 
-  issue_scores_of(wait_keys(0));
+  {
+    const uint32_t slot = wait_keys(0);
+    take_turn();
+    issue_scores_of(slot);
+    pass_turn();
+  }
   wgmma_wait<0>();
   fence_operands(s_flat);
   release_keys(0);
@@ -197,11 +207,14 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
   bool rescale_pending = false;  // kRescaleBeforePv: O still owes the rescale of the last softmax (before its P V)
   for (int i = 1; i < num_tiles; ++i) {
-    issue_scores_of(wait_keys(i));
+    const uint32_t slot = wait_keys(i);
+    take_turn();
+    issue_scores_of(slot);
     // O += P(i-1) V(i-1) after O's rescale for tile i-1, done here under S(i) (FlashAttention-3 rescales before
     // the product too), so that only P(i)'s packing follows the wait for the product.
     if constexpr (kRescaleBeforePv) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
     issue_pv_of(i - 1);
+    pass_turn();
     wgmma_wait<1>();  // S(i) retired; P(i-1) V(i-1) may still run
     fence_operands(s_flat);
     release_keys(i);
@@ -217,7 +230,9 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   }
   release_queries();  // every S retired; the last P V reads V and registers only
   if constexpr (kRescaleBeforePv) rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
+  take_turn();
   issue_pv_of(num_tiles - 1);
+  pass_turn();
   retire_pv(num_tiles - 1);
 }
 

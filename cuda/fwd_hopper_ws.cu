@@ -23,7 +23,9 @@
 // with cp.async), compute the key tiles their own rows see and hand the work's others back unread (row_key_tiles), run
 // the key loop (key_loop in fwd_hopper_step.cuh: S = Q K^T, soft-cap, mask, online softmax, O += P V, all on wgmma) and
 // store their output rows from registers (TMA_OUTPUT: each warp by the TMA, from its Q rows). Without a block-wide
-// barrier per tile the math warpgroups drift apart, so one's softmax overlaps the other's products.
+// barrier per tile the math warpgroups drift apart, so one's softmax overlaps the other's products; WARPGROUP_TURNS
+// builds hold them apart: the warpgroups issue each step's products in turns (FlashAttention-3's warp-scheduler
+// barriers), so one's softmax runs under the others' products rather than beside its own.
 //
 // Batched tensor maps end where the sequence does (rows past it are zero-filled). A varlen sequence's
 // partial last key tile is a box that reads the next sequence's first rows: their scores are masked (the
@@ -33,12 +35,16 @@
 // NUM_WG (math warpgroups), KV_STAGES (>= 2), Q_BY_TMA (Q rows by a producer thread,
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),
-// TMA_OUTPUT (the output by the TMA from each warp's Q rows), ELEM_BF16, HAS_MASK.
+// TMA_OUTPUT (the output by the TMA from each warp's Q rows), WARPGROUP_TURNS (the math warpgroups take turns at
+// issuing their products), ELEM_BF16, HAS_MASK.
 #ifndef KV_CLUSTER
 #define KV_CLUSTER 1
 #endif
 #ifndef TMA_OUTPUT
 #define TMA_OUTPUT 0
+#endif
+#ifndef WARPGROUP_TURNS
+#define WARPGROUP_TURNS 0
 #endif
 #include "fwd_hopper_chain.cuh"
 using namespace hfp;
@@ -63,6 +69,11 @@ static_assert(kProducerRegisters * kProducerThreads + kMathRegisters * kMathThre
 constexpr int kMathWarps = kMathThreads / 32;
 constexpr int kMathBarrier = 1;   // named barrier among the math warpgroups (0 is __syncthreads)
 constexpr int kQRowsBarrier = 2;  // 2 + w: math warpgroup w's threads (its Q rows)
+// WARPGROUP_TURNS: kTurnBarrier + w is math warpgroup w's turn to issue products (its 128 threads wait on it; the
+// warpgroup before, which passes the turn, arrives on it). The turns go 0, 1, .., NUM_WG - 1, 0, ..
+constexpr bool kWarpgroupTurns = WARPGROUP_TURNS != 0;
+constexpr int kTurnBarrier = kQRowsBarrier + NUM_WG;
+static_assert(kTurnBarrier + NUM_WG <= 16, "16 hardware barriers");
 static_assert(NUM_WG == 2 || (NUM_WG == 3 && HEAD_DIM == 64), "two math warpgroups, or three at head dim 64");
 static_assert(KV_STAGES >= 2, "a ring of at least two stages: one tile computed while the next lands");
 constexpr bool kQByTma = Q_BY_TMA != 0;
@@ -280,6 +291,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
     return;
   }
+  // The turns (kWarpgroupTurns): every warpgroup takes a work's key tiles + 1 turns (a tile its rows do not see
+  // one), so the turns stay in step over every work; warpgroup 0 goes first.
+  auto take_turn = [&]() {
+    if constexpr (kWarpgroupTurns) named_barrier_sync(kTurnBarrier + warpgroup, 256);
+  };
+  auto pass_turn = [&]() {
+    if constexpr (!kWarpgroupTurns) return;
+    const int next = warpgroup + 1;
+    named_barrier_arrive(kTurnBarrier + (next == NUM_WG ? 0 : next), 256);
+  };
+  if (kWarpgroupTurns && warpgroup == 0) named_barrier_arrive(kTurnBarrier, 256);
   int ring = 0, works = 0;  // as the producer's
   for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
     if (q_by_tma) {
@@ -321,6 +343,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     auto release_values = [&](int r) { release(v_empty_bars, r); };
     auto skip_tile = [&](int r, bool zero_rows) {  // a tile none of this warpgroup's rows sees: handed back unread
       wait_keys(r, zero_rows);
+      take_turn();
+      pass_turn();
       release_keys(r);
       wait_values(r);
       release_values(r);
@@ -336,7 +360,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
           rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
           [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
           [&](int i) { return wait_values(first + i); }, [&](int i) { release_keys(first + i); },
-          [&](int i) { release_values(first + i); }, release_queries);
+          [&](int i) { release_values(first + i); }, release_queries, take_turn, pass_turn);
     };
     if constexpr (!kOwnKeyTiles) {
       run_key_loop(tile, ring, partial_first);

@@ -158,6 +158,11 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive on hardware barrier `id` without waiting: `threads` counts these arrivals and the threads that sync on it.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Zero rows [first_row, kRows) of a SW128 tile of kSubTiles 64-column sub-tiles (the swizzle permutes chunks
 // within a row, so a row is 128 contiguous bytes of its sub-tile), by kThreads threads (tid).
 template <int kRows, int kSubTiles, int kThreads>

@@ -210,6 +210,14 @@ def test_config_rejects_bad_tiles():
             ForwardConfig(**{**chained, **wrong})
     with pytest.raises(ValueError, match="the wgmma body's"):
         ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, chained_walk=True)
+    with pytest.raises(ValueError, match="chained walk"):  # its turns lost (notes/forward.md, decision log)
+        ForwardConfig(**{**chained, "warpgroup_turns": True})
+    with pytest.raises(ValueError, match="the wgmma body's"):
+        ForwardConfig(head_dim=128, dtype="bf16", block_m=128, block_n=64, num_warps=4, warpgroup_turns=True)
+    # the warpgroups' turns: the masked d128 builds only (the walks and the one-tile-per-CTA form), a build define
+    turns = [b for b in BUILDS if dict(b.defines).get("WARPGROUP_TURNS")]
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in turns] == [("128", "1")] * 4
+    assert all(dict(b.defines)["WARPGROUP_TURNS"] == "1" for b in turns)
 
 
 def test_op_schema_and_fake_shapes():

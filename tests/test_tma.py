@@ -209,7 +209,7 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
         assert forward._query_map(hopper, q, group) == (tma.NO_DESCRIPTOR, 0)
     assert forward._query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     assert forward._query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
-    for field in ("q_by_tma", "own_key_tiles", "staged_output", "chained_walk"):  # the mma.sync body has none of them
+    for field in ("q_by_tma", "own_key_tiles", "staged_output", "chained_walk", "warpgroup_turns"):  # mma.sync: none
         with pytest.raises(ValueError, match="Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast are the wgmma body's"):
             dataclasses.replace(ampere, **{field: True})
     with pytest.raises(ValueError, match="the staged output at a v head dim of 128 with the Q rows copied"):

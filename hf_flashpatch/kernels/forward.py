@@ -77,6 +77,7 @@ class ForwardConfig:
     kv_cluster: int = 1  # wgmma body: CTAs sharing each K/V tile by a multicast (TileShape.kv_cluster)
     tma_output: bool = False  # wgmma body: the output by the TMA from each warp's Q rows (TileShape.tma_output)
     chained_walk: bool = False  # wgmma body: one key loop over a warpgroup's works (TileShape.chained_walk)
+    warpgroup_turns: bool = False  # wgmma body: the math warpgroups' turns (TileShape.warpgroup_turns)
 
     @property
     def value_dim(self) -> int:
@@ -89,9 +90,9 @@ class ForwardConfig:
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
         if (self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output
-                or self.chained_walk):
+                or self.chained_walk or self.warpgroup_turns):
             raise ValueError(f"Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast "
-                             f"are the wgmma body's, as is the chained walk, got {self}")  # fmt: skip
+                             f"are the wgmma body's, as are the chained walk and the warpgroups' turns, got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
@@ -121,7 +122,7 @@ class ForwardConfig:
             and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
                                                                         or self.own_key_tiles)))
             and not (self.chained_walk and (self.has_mask or not self.tma_output or self.block_n < 128
-                                            or self.head_dim != self.value_dim))
+                                            or self.head_dim != self.value_dim or self.warpgroup_turns))
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
@@ -130,7 +131,7 @@ class ForwardConfig:
                              f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
                              f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "
                              f"tile computed; the chained walk unmasked, with the output boxes, at one head dim and "
-                             f">= 128-key tiles), got {self}")  # fmt: skip
+                             f">= 128-key tiles, without the warpgroups' turns), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -167,6 +168,8 @@ class ForwardConfig:
                 defines += (("TMA_OUTPUT", 1),)
             if self.chained_walk:  # the source's default is 0
                 defines += (("CHAINED_WALK", 1),)
+            if self.warpgroup_turns:  # the source's default is 0
+                defines += (("WARPGROUP_TURNS", 1),)
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),

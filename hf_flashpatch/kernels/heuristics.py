@@ -53,6 +53,7 @@ class TileShape:
     kv_cluster: int = 1  # wgmma body: CTAs of a cluster sharing each K/V tile by a TMA multicast (1: none)
     tma_output: bool = False  # wgmma body: each warp's output rows by the TMA from its Q rows (needs Q copied)
     chained_walk: bool = False  # wgmma body: one key loop over all of a warpgroup's works (unmasked, output boxes)
+    warpgroup_turns: bool = False  # wgmma body, walked work by work: the math warpgroups take turns at issuing products
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -75,7 +76,8 @@ class TileShape:
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
                             tma_output=True, chained_walk=True),
-    (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True),
+    (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True,
+                           warpgroup_turns=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                            own_key_tiles=True),
     (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=3, wgmma=True, q_by_tma=True,
