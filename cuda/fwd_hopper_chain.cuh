@@ -17,7 +17,7 @@ constexpr bool kChainedWalk = CHAINED_WALK != 0;
 static_assert(!kChainedWalk || (!kWindowed && !Q_BY_TMA && !OWN_KEY_TILES && !STAGED_OUTPUT && TMA_OUTPUT &&
                                 HEAD_DIM == HEAD_DIM_V && BLOCK_N >= 128 && !WARPGROUP_TURNS),
               "the chained walk: unmasked, the math warps copying Q, every key tile, the output by boxes, O's rescale "
-              "under S, no turns (the warpgroups' turns lost there)");
+              "under S, no warpgroup turns (the chain takes none)");
 
 // Work tile `round` of this CTA's unmasked walk (rounds of gridDim.x tiles, no snake, no leading rows).
 __device__ __forceinline__ hfp::fwd::QueryTile chain_work(const hfp::fwd::FwdParams& p, int round) {

@@ -64,7 +64,8 @@ class TileShape:
 #   chained_walk_serves, the same tiles work by work elsewhere; as fast as FlashAttention-3's 176-key tile there).
 #   Masked: 128-key tiles in three stages (masked 176-key tiles spilled) and Q by the TMA from a producer thread
 #   (the split then 40 / 232 registers) where a CTA walks several works (forward_tile_shape); the unmasked build does
-#   not gain from it (notes/forward.md, decision log). Unmasked, two CTAs of a cluster share each K/V tile by a TMA
+#   not gain from it (notes/forward.md, decision log). The masked math warpgroups take turns at issuing their
+#   products (warpgroup_turns; not the chained walk, 192/128 or d64: notes/forward.md, decision log). Unmasked, two CTAs of a cluster share each K/V tile by a TMA
 #   multicast (kv_cluster=2: half the L2 traffic) where clustered_schedule allows it, else the same shape's plain
 #   build; each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing
 #   16).
