@@ -1,7 +1,8 @@
 #!/bin/bash
 # For the next session (not run in session 50): the chained walk's next Q by per-warp TMA boxes (tag
 # s50-chain-q-boxes-draft), its GPU tests and an A/B against main with an A/A control (prediction at the end of
-# PREDICTION.md), then main's sustained table (about 330 s in all; on an H200 if one comes). Before, on the development machine (carry .whl and ab):
+# PREDICTION.md), then main's sustained table (about 330 s in all; on an H200 if one comes).
+# Before, on the development machine (carry .whl and ab):
 #   mkdir -p ab/ab_main50 ab/ab_qbox && git archive main cuda hf_flashpatch scripts | tar x -C ab/ab_main50
 #   git archive s50-chain-q-boxes-draft cuda hf_flashpatch scripts | tar x -C ab/ab_qbox
 START=$(date +%s)
