@@ -5,6 +5,8 @@
 # Before, on the development machine (carry .whl and ab):
 #   mkdir -p ab/ab_main50 ab/ab_qbox && git archive main cuda hf_flashpatch scripts | tar x -C ab/ab_main50
 #   git archive s50-chain-q-boxes-draft cuda hf_flashpatch scripts | tar x -C ab/ab_qbox
+#   cp -r ab/ab_qbox ab/ab_qbox_turns
+#   (cd ab/ab_qbox_turns && patch -p1 < ../../results/2026-12-06_chain-pingpong/qbox_turns.diff)
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -16,6 +18,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 echo "== qbox tests: $(grep -E 'passed|failed|error' $OUT/qbox_tests.log | tail -1)"
 grep -E "^(FAILED|ERROR)" $OUT/qbox_tests.log | head -5
 timeout 240 python3 scripts/ab_kernels.py --tree main=ab/ab_main50 --tree qbox=ab/ab_qbox --tree main_again=ab/ab_main50 \
+  --tree qbox_turns=ab/ab_qbox_turns \
   --rounds 3 --only "^fwd d128 (8x2k|4x4k|2x8k) full$" > $OUT/ab_qbox.log 2>&1
 grep -A5 "after round 3" $OUT/ab_qbox.log
 # main's issue-14 table on this card (the H200 has run neither the chained walk nor the turns)
