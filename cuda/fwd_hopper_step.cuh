@@ -138,8 +138,8 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
 // runs once every S = Q K^T retired (at once without key tiles). `take_turn()` / `pass_turn()` bracket the issue of
 // each product group (the walk's turns of the math warpgroups, WARPGROUP_TURNS; no-ops elsewhere): a loop over n
-// key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row (p0 + warp_row0 + g);
-// t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
+// key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row
+// (p0 + warp_row0 + g); t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
 // compiler from touching registers a wgmma owns between its issue and its wait.
 template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
           typename ReleaseQueries, typename TakeTurn, typename PassTurn>

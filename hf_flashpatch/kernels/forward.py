@@ -92,7 +92,8 @@ class ForwardConfig:
         if (self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output
                 or self.chained_walk or self.warpgroup_turns):
             raise ValueError(f"Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast "
-                             f"are the wgmma body's, as are the chained walk and the warpgroups' turns, got {self}")  # fmt: skip
+                             f"are the wgmma body's, as are the chained walk and the warpgroups' turns, "
+                             f"got {self}")  # fmt: skip
         rows_per_warp = 16 * self.num_warps
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {self.head_dim}")
