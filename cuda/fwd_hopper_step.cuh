@@ -139,8 +139,8 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // runs once every S = Q K^T retired (at once without key tiles). `take_turn()` / `pass_turn()` bracket the issue of
 // each product group (the walk's turns of the math warpgroups, WARPGROUP_TURNS; no-ops elsewhere): a loop over n
 // key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row
-// (p0 + warp_row0 + g); t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand fences keep the
-// compiler from touching registers a wgmma owns between its issue and its wait.
+// (p0 + warp_row0 + g); t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand
+// fences keep the compiler from touching registers a wgmma owns between its issue and its wait.
 template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
           typename ReleaseQueries, typename TakeTurn, typename PassTurn>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
