@@ -6,8 +6,10 @@
 // Unmasked batched problems whose output leaves by TMA boxes (the launch passes o_box_heads > 0): the finished work's
 // rows are staged in its own Q tile, which its last S no longer reads, and stored by one lane's predicated box store,
 // so the loop holds no branch that depends on the lane (one made ptxas keep the loop's indices per thread and send
-// every wgmma descriptor through R2UR). Q comes in two tiles: each warp copies its 16 rows of the next work's Q into
-// the other tile once its boxes there were read.
+// every wgmma descriptor through R2UR). Q comes in two tiles: each warp's first lane loads its 16 rows of the next
+// work's Q into the other tile by TMA boxes of the output boxes' geometry (the launch passes that map as q_tma), once
+// its boxes there were read; the warpgroup's "Q landed" mbarrier of that tile counts its four warps. The walk's first
+// work's rows are copied (cp.async).
 #pragma once
 #include "fwd_hopper_step.cuh"
 
@@ -75,8 +77,11 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone; every later step issues
 // S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1) V(j-1), retires S(j) and
 // exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P V retired, a work's first
-// step stores the work before and zeroes O for this work's first P V. The next work's Q rows are copied at the
-// current work's second step (its first, if it has one key tile), once the boxes staged in that Q tile were read.
+// step stores the work before and zeroes O for this work's first P V. The next work's Q rows are loaded at the
+// current work's second step (its first, if it has one key tile), once the boxes staged in that Q tile were read;
+// the boxes' origin is computed at the work's start (computed in the step, ptxas reordered the steady softmax:
+// results/2026-12-06_chain-pingpong). q_landed: this warpgroup's "Q landed" mbarrier of Q tile 0; tile 1's lies
+// 8 * NUM_WG bytes on.
 // Every work sees a key tile, and at most heuristics.CHAINED_WALK_MAX_KEYS keys (heuristics.chained_walk_serves).
 // ptxas placement (checked in the SASS): a peeled first step, not a P of zeros through the common step, and O zeroed
 // rather than a runtime accumulate flag, keep the rescale under S without an injected wait (C7517); the never-taken
@@ -84,7 +89,7 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // wgmma and spilled).
 template <typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues>
 __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles, const OperandDescriptors& desc,
-                                             int warp_row0, int lane, int q_rows_barrier,
+                                             int warp_row0, int lane, int q_rows_barrier, uint32_t q_landed,
                                              WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
                                              ReleaseValues release_values) {
   using namespace hfp::sm90;
@@ -114,9 +119,16 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
   int ring = 0, i = 0;  // this step's ring tile, and its key tile within the current work
-  // Set at each work's start: the step that copies the next work's Q rows (-1: no next work).
+  // Set at each work's start: the step that loads the next work's Q rows (-1: no next work).
   int copy_step = -1;
-  auto start_work = [&]() { copy_step = has_work(round + 1) ? min(1, tile.keys.num_tiles - 1) : -1; };
+  struct { int head0, position, batch; } next_box = {0, 0, 0};  // the next work's Q boxes' origin (this warp's)
+  auto start_work = [&]() {
+    copy_step = has_work(round + 1) ? min(1, tile.keys.num_tiles - 1) : -1;
+    if (copy_step >= 0) {
+      const hfp::fwd::QueryTile next = chain_work(p, round + 1);
+      next_box = {next.kv_head * next.group, (next.p0 + warp_row0) / next.group, next.batch};
+    }
+  };
   start_work();
   hfp::fwd::OnlineSoftmax<1> finished;  // the work before's softmax, kept for its store
   // Soft-cap, key-length mask and online softmax of this step's scores.
@@ -130,10 +142,14 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   };
   // After a step: the next work's Q copy at this work's second step (or first), the next step's work.
   auto next_step = [&]() -> bool {
-    if (i == copy_step) {
+    if (i == copy_step) {  // this warp's 16 rows of the next work's Q by the TMA, a box a 64 columns (first lane)
       hfp::tma::bulk_wait_read<0>();  // the boxes staged in the other Q tile were read (only the first lane has any)
-      __syncwarp();
-      copy_warp_query_rows(q_tiles + (buffer ^ 1) * kQBytes, p, chain_work(p, round + 1), warp_row0, lane);
+      const uint32_t landed = q_landed + (buffer ^ 1) * 8 * NUM_WG;
+      hfp::tma::arrive_expect_bytes_if(lane == 0, landed, 16 * HEAD_DIM * 2);
+#pragma unroll
+      for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
+        hfp::tma::load_box_if(lane == 0, warp_rows_of(buffer ^ 1) + sub * (kBlockM * kSubTileRowBytes), p.q_tma,
+                              sub * 64, next_box.head0, next_box.position, next_box.batch, landed);
     }
     hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
     ++ring;
@@ -143,7 +159,9 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     buffer ^= 1;
     tile = chain_work(p, round);
     start_work();
-    query_rows_landed();
+    // Its Q rows landed: the four warps' boxes into this Q tile, whose barrier completes once a use (works 1, 3, ..
+    // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied).
+    hfp::sm90::mbarrier_wait(q_landed + buffer * 8 * NUM_WG, ((round - 1) >> 1) & 1);
     i = 0;
     return true;
   };

@@ -157,6 +157,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
         mbarrier_init(q_empty_bars + 8 * w, 4);  // the warpgroup's four warps
       }
     }
+    if constexpr (kChainedWalk) {  // the Q barriers' area as (2 Q tiles, NUM_WG): a warpgroup's next Q rows landed
+#pragma unroll
+      for (int b = 0; b < 2 * NUM_WG; ++b) mbarrier_init(q_full_bars + 8 * b, 4);  // the warpgroup's four warps
+    }
     if constexpr (kKvCluster > 1) fence_mbarrier_init_cluster();
   }
   // The barriers are initialised before anyone waits on or arrives at them (in the cluster: before a peer's copies
@@ -285,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
     chained_walk(
-        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup,
+        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
         [&](int r) { return wait_slot(k_full_bars, r); }, [&](int r) { return wait_slot(v_full_bars, r); },
         [&](int r) { release(k_empty_bars, r); }, [&](int r) { release(v_empty_bars, r); });
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read

@@ -48,6 +48,26 @@ __device__ __forceinline__ void load_box(uint32_t dst, const TmaDescriptor& desc
       : "memory");
 }
 
+// arrive_expect_bytes and load_box where `issue` holds: a predicate of the instruction, not a branch (as
+// store_box_if), so that every lane of a warp may run the call with one of them issuing.
+__device__ __forceinline__ void arrive_expect_bytes_if(bool issue, uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n"
+      " @p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n}\n" ::"r"(bar),
+      "r"(bytes), "r"(static_cast<uint32_t>(issue))
+      : "memory");
+}
+__device__ __forceinline__ void load_box_if(bool issue, uint32_t dst, const TmaDescriptor& desc, int x0, int x1,
+                                            int x2, int x3, uint32_t bar) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %7, 0;\n"
+      " @p cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n}\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(&desc)), "r"(x0), "r"(x1), "r"(x2), "r"(x3), "r"(bar),
+      "r"(static_cast<uint32_t>(issue))
+      : "memory");
+}
+
 // load_box into shared address `dst` of every CTA of the cluster in `cta_mask` (bit r: rank r), signalling its
 // bytes on the mbarrier at `bar` in each of them.
 __device__ __forceinline__ void load_box_multicast(uint32_t dst, const TmaDescriptor& desc, int x0, int x1, int x2,

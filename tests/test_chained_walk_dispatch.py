@@ -66,3 +66,31 @@ def test_chained_walk_serves_needs_boxes_and_keys():
     assert not chained_walk_serves(0, True)  # a work without a key tile
     assert not chained_walk_serves(2048, False)
     assert not chained_walk_serves(CHAINED_WALK_MAX_KEYS + 1, True)
+
+
+def test_chained_walk_loads_q_by_warp_boxes(builds, monkeypatch):
+    """The chain's launch passes q's map of 16-row boxes (a warp's rows: group heads x 16 / group positions) as q_tma;
+    a q the driver cannot map runs the same tiles work by work."""
+    maps = []
+
+    def descriptor(t, rows, box_heads=1):
+        maps.append((t.shape, rows, box_heads))
+        return bytes(128)
+
+    monkeypatch.setattr(forward.tma, "descriptor", descriptor)
+    _launch(8, 2048, 2048, 16, 4)  # group 4
+    assert builds[-1].get("CHAINED_WALK") == "1"
+    q_maps = [(rows, heads) for shape, rows, heads in maps if shape[2] == 16]  # q's and out's (16 heads)
+    assert (16 // 4, 4) in q_maps and q_maps.count((16 // 4, 4)) == 2  # the output's and the chain's Q boxes
+
+    def refuse_q(t, rows, box_heads=1):
+        if t.shape[2] == 16 and t.data_ptr() == refuse_q.q_ptr:
+            raise forward.tma.TmaUnsupported("q refused here")
+        return bytes(128)
+
+    q = torch.zeros(8, 2048, 16, 128, dtype=torch.bfloat16)
+    kv = torch.zeros(8, 2048, 4, 128, dtype=torch.bfloat16)
+    refuse_q.q_ptr = q.data_ptr()
+    monkeypatch.setattr(forward.tma, "descriptor", refuse_q)
+    forward._launch(q, kv, kv, None, None, None, None, None, False, -1, -1, None)
+    assert "CHAINED_WALK" not in builds[-1] and builds[-1]["BLOCK_N"] == "160"

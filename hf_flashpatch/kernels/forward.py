@@ -371,9 +371,15 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     o_tma, o_box_heads = _output_map(config, out, group, varlen)
     if config.chained_walk and not chained_walk_serves(seqlen_k, o_box_heads > 0):
         config = dataclasses.replace(config, chained_walk=False)  # the same tiles work by work: the same bits
+    q_tma, q_box_heads = _query_map(config, q, group)
+    if config.chained_walk:  # each warp loads its next 16 Q rows by the output boxes' geometry
+        chain_q_tma, chain_q_box_heads = _packed_rows_map(True, q, 16, group)
+        if chain_q_box_heads:
+            q_tma, q_box_heads = chain_q_tma, chain_q_box_heads
+        else:  # a q the driver cannot map: the same tiles work by work (the same bits)
+            config = dataclasses.replace(config, chained_walk=False)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
-    q_tma, q_box_heads = _query_map(config, q, group)
     # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
     # (the sequences' lengths are not known here) nor with output boxes (a box at a row before the sequence, a
     # negative coordinate, faults the TMA: an illegal instruction, measured).
