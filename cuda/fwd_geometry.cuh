@@ -26,9 +26,9 @@ namespace fwd {
 // first: their 64-byte alignment then costs no padding.
 struct FwdParams {
   // K's and V's tensor maps (tma.cuh; boxes of 64 columns x BLOCK_N keys), Q's (boxes of 64 columns x
-  // q_box_heads heads x 64 / q_box_heads rows: 64 packed rows) and the output's (64 columns x o_box_heads heads x
-  // 16 / o_box_heads rows: a warp's 16 packed rows), read by the warp-specialised Hopper body; zero bytes for the
-  // others.
+  // q_box_heads heads x 64 / q_box_heads rows: 64 packed rows; the chained walk's are 16 packed rows, a warp's, as
+  // the output's) and the output's (64 columns x o_box_heads heads x 16 / o_box_heads rows: a warp's 16 packed
+  // rows), read by the warp-specialised Hopper body; zero bytes for the others.
   TmaDescriptor k_tma, v_tma, q_tma, o_tma;
   const Elem* __restrict__ q;       // (B, S_q, H, D), varlen (T_q, H, D)
   const Elem* __restrict__ k;       // (B, S_k, H_kv, D), varlen (T_k, H_kv, D)
@@ -49,7 +49,7 @@ struct FwdParams {
   int total_q, total_k;     // varlen: the rows of q / k (cu_seqlens are clamped into them)
   int kv_heads, num_seqs;   // the work tiles' other two axes (the persistent Hopper body walks them itself)
   int work_section;         // persistent Hopper body: pairs per section of its work order (0: pair-major)
-  int q_box_heads;          // Hopper body: the group when it divides 64 (Q by q_tma); 0: the math warps copy Q
+  int q_box_heads;          // Hopper body: the heads of a q_tma box (the group); 0: the math warps copy Q
   int o_box_heads;          // Hopper body: the group when it divides 16 (output by o_tma); 0: stored by the threads
   // Masked Hopper walks: the rows by which a sequence's first query tile starts before it (p0 = m_block * kBlockM -
   // leading_rows, negative for m_block 0; heuristics.leading_rows: the last tile's shortfall in whole 64-row

@@ -103,3 +103,24 @@ def test_chained_walk_falls_back_for_varlen_long_keys_and_no_keys(monkeypatch):
     empty = torch.empty(batch, 0, heads, 128, device="cuda", dtype=torch.bfloat16)
     none_out, none_lse = _launch(q, empty, empty, CHAINED, launched, monkeypatch)
     assert torch.equal(none_out, torch.zeros_like(none_out)) and torch.isneginf(none_lse).all()
+
+
+def test_chained_walk_reads_q_views_as_their_copies(monkeypatch):
+    """The chain loads the next work's Q through q's own strides: q, k and v as views of one fused projection (row
+    stride 3 H D, as models with a fused qkv give them) run the chained walk with the bits of contiguous copies, and so
+    does a q whose heads broadcast one head (stride 0: the chain where the driver maps it, else work by work)."""
+    torch.manual_seed(23)
+    batch, seqlen, heads = 3, 1000, 8
+    qkv = torch.randn(batch, seqlen, 3 * heads, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.split(heads, dim=2)  # each (B, S, H, D), row stride 3 H D
+    launched = []
+    out, lse = _launch(q, k, v, CHAINED, launched, monkeypatch)
+    assert launched[-1]
+    dense, dense_lse = _launch(q.contiguous(), k.contiguous(), v.contiguous(), CHAINED, launched, monkeypatch)
+    assert not out.isnan().any() and torch.equal(out, dense) and torch.equal(lse, dense_lse)
+    broadcast = q[:, :, :1].expand(batch, seqlen, heads, 128)  # every head is head 0
+    out, lse = _launch(broadcast, k, v, CHAINED, launched, monkeypatch)
+    dense, dense_lse = _launch(broadcast.contiguous(), k, v, CHAINED, launched, monkeypatch)
+    assert not out.isnan().any() and torch.equal(out, dense) and torch.equal(lse, dense_lse)
+    ref, _ = attention_reference(broadcast.float(), k.float(), v.float())
+    assert (out.float() - ref).abs().max().item() < 2e-2
