@@ -2,7 +2,7 @@
 criteria in the README), each implementation called back to back for ``--seconds`` per round, in turns, ``--rounds``
 rounds (``bench_timing.time_sustained_ms``).
 
-    python scripts/bench_sustained.py [--seconds 1.0] [--rounds 5]
+    python scripts/bench_sustained.py [--seconds 1.0] [--rounds 5] [--seqlens 2048 16384] [--head-dims 128 64]
 
 Why a second timing: ``bench_forward`` / ``bench_backward`` time about 40 ms of calls per round, each after an L2
 flush (``triton.testing.do_bench``), so a round starts from whatever clock the GPU had after the last one. Under a
@@ -11,10 +11,10 @@ long tensor-core load the H200's SM clock settles well below its maximum (1680 M
 sees. Both timings are printed side by side in the results that quote them.
 
 Shapes as the quick tables: 16k tokens per batch (batch = 16384 // seqlen), hidden 2048 (heads = 2048 // head_dim),
-bf16, seqlens 2k and 16k, head dims 128 and 64, causal and not; forward TFLOP/s = 4 B H S^2 D / t, backward (the
-backward alone, as ``bench_backward``: ours on the forward kernel's out / lse, cuDNN by autograd on a retained
-graph) 2.5x that, both halved for causal. A row is the median of its rounds; the ratio is the median of the
-per-round ratios, with their range.
+bf16, seqlens 2k and 16k and head dims 128 and 64 unless given (--seqlens 4096 8192: the lengths between), causal
+and not; forward TFLOP/s = 4 B H S^2 D / t, backward (the backward alone, as ``bench_backward``: ours on the forward
+kernel's out / lse, cuDNN by autograd on a retained graph) 2.5x that, both halved for causal. A row is the median of
+its rounds; the ratio is the median of the per-round ratios, with their range.
 """
 
 from __future__ import annotations
@@ -50,13 +50,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=1.0, help="back-to-back seconds per implementation and round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=list(SEQLENS), help="tokens per sequence")
+    parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_sustained needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}; {args.rounds} rounds of {args.seconds} s per implementation, in turns")
-    for head_dim in HEAD_DIMS:
+    for head_dim in args.head_dims:
         for causal in (False, True):
-            for seqlen in SEQLENS:
+            for seqlen in args.seqlens:
                 batch, heads, q, k, v = bench_forward._inputs(seqlen, head_dim)
                 flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
                 fns = {"ours": bench_forward._ours(q, k, v, causal),
