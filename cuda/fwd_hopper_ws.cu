@@ -274,12 +274,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   const bool tma_output = kTmaOutput && p.o_box_heads > 0;
 
   // The K/V ring's hand-over, per ring tile r: wait until its K (or V) landed (its slot), and this warp is done with it.
-  auto wait_slot = [&](uint32_t full_bars, int r) -> uint32_t {
+  auto wait_slot = [&](uint32_t full_bars, auto r) -> uint32_t {  // r: int, or the chain's uint32_t
     const int slot = r % KV_STAGES;
     mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
     return slot;
   };
-  auto release = [&](uint32_t empty_bars, int r) {
+  auto release = [&](uint32_t empty_bars, auto r) {
     __syncwarp();
     if (first_lane()) {
       mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
@@ -289,9 +289,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
     chained_walk(
-        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
-        [&](int r) { return wait_slot(k_full_bars, r); }, [&](int r) { return wait_slot(v_full_bars, r); },
-        [&](int r) { release(k_empty_bars, r); }, [&](int r) { release(v_empty_bars, r); });
+        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup, v_full_bars,
+        [&](uint32_t r) { return wait_slot(k_full_bars, r); }, [&](uint32_t r) { release(k_empty_bars, r); },
+        [&](uint32_t r) { release(v_empty_bars, r); });
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
     return;
   }
