@@ -72,9 +72,10 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
   }
 }
 
-// A math warpgroup's walk (fwd_hopper_ws.cu's callbacks for the ring: wait_keys(r) waits until ring tile r's K
-// landed and returns its slot; release_keys(r) / release_values(r) hand its K / V back; V's waits are the walk's
-// own, on the "full" mbarriers at v_full_bars, 8 bytes a slot, so that their barrier and parity are computed ahead).
+// A math warpgroup's walk. The ring (fwd_hopper_ws.cu): wait_keys(r) waits until ring tile r's K landed and returns
+// its slot; release(bar) hands a slot back on its "empty" mbarrier at `bar` (and the cluster peer's); V's waits and
+// both releases are the walk's own, on the mbarriers from v_full_bars / k_empty_bars / v_empty_bars (8 bytes a
+// slot), so that their addresses and parity are computed ahead.
 // Step j of the walk is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone;
 // every later step issues S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1)
 // V(j-1), retires S(j) and exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P
@@ -87,15 +88,15 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // ptxas placement (checked in the SASS): a peeled first step, not a P of zeros through the common step, and O zeroed
 // rather than a runtime accumulate flag, keep the rescale under S without an injected wait (C7517); the never-taken
 // branch that keeps the P V wait behind the exponentials sleeps rather than traps (a trap there serialised every
-// wgmma and spilled). A steady step computes its V wait's barrier and parity and its key-length test beside S's issue,
-// held there by an empty asm, and one test (`boundary`) guards the work's store and the next Q's load: left to ptxas,
-// each was computed after the S or P V wait it follows, in the warp's exposed path (the steady path's static stalls:
-// results/2026-12-06_chain-step).
-template <typename WaitKeys, typename ReleaseKeys, typename ReleaseValues>
+// wgmma and spilled). A steady step computes its V wait's barrier and parity, its K release's barrier and its
+// key-length test beside S's issue, held there by an empty asm, and one test (`boundary`) guards the work's store
+// and the next Q's load: left to ptxas, each was computed after the S or P V wait it follows, in the warp's exposed
+// path (the steady path's static stalls: results/2026-12-06_chain-step).
+template <typename WaitKeys, typename Release>
 __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles, const OperandDescriptors& desc,
                                              int warp_row0, int lane, int q_rows_barrier, uint32_t q_landed,
-                                             uint32_t v_full_bars, WaitKeys wait_keys, ReleaseKeys release_keys,
-                                             ReleaseValues release_values) {
+                                             uint32_t v_full_bars, uint32_t k_empty_bars, uint32_t v_empty_bars,
+                                             WaitKeys wait_keys, Release release) {
   using namespace hfp::sm90;
   const int g = lane >> 2, t = lane & 3;
   const int num_work = hfp::fwd::m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
@@ -126,6 +127,8 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   int i = 0;          // this step's key tile within the current work
   auto values_barrier = [&](uint32_t r) { return v_full_bars + 8 * (r % KV_STAGES); };  // ring tile r's V
   auto values_parity = [&](uint32_t r) { return (r / KV_STAGES) & 1; };
+  auto keys_released = [&](uint32_t r) { return k_empty_bars + 8 * (r % KV_STAGES); };  // ring tile r's K slot
+  auto values_released = [&](uint32_t r) { return v_empty_bars + 8 * (r % KV_STAGES); };
   // Set at each work's start: the step that loads the next work's Q rows (-1: no next work).
   int copy_step = -1;
   struct { int head0, position, batch; } next_box = {0, 0, 0};  // the next work's Q boxes' origin (this warp's)
@@ -186,7 +189,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(s_flat);
-    release_keys(ring);
+    release(keys_released(ring));
     softmax_of_step(step_is_masked());
     if (i == copy_step) load_next_query();
   }
@@ -196,7 +199,8 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     const bool boundary = first || i == copy_step;
     const uint32_t k_slot = wait_keys(ring);
     uint32_t v_barrier = values_barrier(ring - 1), v_parity = values_parity(ring - 1), masked = step_is_masked();
-    asm volatile("" : "+r"(v_barrier), "+r"(v_parity), "+r"(masked));  // computed here, beside S's issue
+    uint32_t k_release = keys_released(ring);
+    asm volatile("" : "+r"(v_barrier), "+r"(v_parity), "+r"(masked), "+r"(k_release));  // here, beside S's issue
     fence_operands(s_flat);
     fence_operands(o_flat);
     wgmma_fence();
@@ -210,7 +214,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     wgmma_commit();
     wgmma_wait<1>();  // S retired; the P V may still run
     fence_operands(s_flat);
-    release_keys(ring);
+    release(k_release);
     if (first) {  // a fresh softmax for this work
       finished = rows.softmax;
       rows.softmax.init();
@@ -221,7 +225,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     wgmma_wait<0>();
     fence_operands(o_flat);
     fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-    release_values(ring - 1);
+    release(values_released(ring - 1));
     if (boundary) {
       if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
         store_output_boxes(rows.acc_o, finished, p, chain_work(p, round - 1), warp_row0, lane,
@@ -246,7 +250,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   wgmma_commit();
   wgmma_wait<0>();
   fence_operands(o_flat);
-  release_values(ring - 1);
+  release(values_released(ring - 1));
   store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
 }
 
