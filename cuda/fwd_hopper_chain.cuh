@@ -72,26 +72,31 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
   }
 }
 
-// A math warpgroup's walk (fwd_hopper_ws.cu's callbacks for the ring: wait_keys(r) / wait_values(r) wait until ring
-// tile r's K / V landed and return its slot; release_keys(r) / release_values(r) hand them back). Step j of the walk
-// is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone; every later step issues
-// S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1) V(j-1), retires S(j) and
-// exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P V retired, a work's first
-// step stores the work before and zeroes O for this work's first P V. The next work's Q rows are loaded at the
-// current work's second step (its first, if it has one key tile), once the boxes staged in that Q tile were read;
-// the boxes' origin is computed at the work's start (computed in the step, ptxas reordered the steady softmax:
-// results/2026-12-06_chain-pingpong). q_landed: this warpgroup's "Q landed" mbarrier of Q tile 0; tile 1's lies
-// 8 * NUM_WG bytes on.
+// A math warpgroup's walk. The ring (fwd_hopper_ws.cu): wait_keys(r) waits until ring tile r's K landed and returns
+// its slot; release(bar) hands a slot back on its "empty" mbarrier at `bar` (and the cluster peer's); V's waits and
+// both releases are the walk's own, on the mbarriers from v_full_bars / k_empty_bars / v_empty_bars (8 bytes a
+// slot), so that their addresses and parity are computed ahead.
+// Step j of the walk is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone;
+// every later step issues S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1)
+// V(j-1), retires S(j) and exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P
+// V retired, a work's first step stores the work before and zeroes O for this work's first P V. The next work's Q
+// rows are loaded at the current work's second step (its first, if it has one key tile), once the boxes staged in
+// that Q tile were read; the boxes' origin is computed at the work's start (computed in the step, ptxas reordered
+// the steady softmax: results/2026-12-06_chain-pingpong). q_landed: this warpgroup's "Q landed" mbarrier of Q tile
+// 0; tile 1's lies 8 * NUM_WG bytes on.
 // Every work sees a key tile, and at most heuristics.CHAINED_WALK_MAX_KEYS keys (heuristics.chained_walk_serves).
 // ptxas placement (checked in the SASS): a peeled first step, not a P of zeros through the common step, and O zeroed
 // rather than a runtime accumulate flag, keep the rescale under S without an injected wait (C7517); the never-taken
 // branch that keeps the P V wait behind the exponentials sleeps rather than traps (a trap there serialised every
-// wgmma and spilled).
-template <typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues>
+// wgmma and spilled). A steady step computes its V wait's barrier and parity, its K release's barrier and its
+// key-length test beside S's issue, held there by an empty asm, and one test (`boundary`) guards the work's store
+// and the next Q's load: left to ptxas, each was computed after the S or P V wait it follows, in the warp's exposed
+// path (the steady path's static stalls: results/2026-12-06_chain-step).
+template <typename WaitKeys, typename Release>
 __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles, const OperandDescriptors& desc,
                                              int warp_row0, int lane, int q_rows_barrier, uint32_t q_landed,
-                                             WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
-                                             ReleaseValues release_values) {
+                                             uint32_t v_full_bars, uint32_t k_empty_bars, uint32_t v_empty_bars,
+                                             WaitKeys wait_keys, Release release) {
   using namespace hfp::sm90;
   const int g = lane >> 2, t = lane & 3;
   const int num_work = hfp::fwd::m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
@@ -118,7 +123,12 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   bool rescale_pending = false;
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  int ring = 0, i = 0;  // this step's ring tile, and its key tile within the current work
+  uint32_t ring = 0;  // this step's ring tile (unsigned: its slot and parity are a mask and a shift)
+  int i = 0;          // this step's key tile within the current work
+  auto values_barrier = [&](uint32_t r) { return v_full_bars + 8 * (r % KV_STAGES); };  // ring tile r's V
+  auto values_parity = [&](uint32_t r) { return (r / KV_STAGES) & 1; };
+  auto keys_released = [&](uint32_t r) { return k_empty_bars + 8 * (r % KV_STAGES); };  // ring tile r's K slot
+  auto values_released = [&](uint32_t r) { return v_empty_bars + 8 * (r % KV_STAGES); };
   // Set at each work's start: the step that loads the next work's Q rows (-1: no next work).
   int copy_step = -1;
   struct { int head0, position, batch; } next_box = {0, 0, 0};  // the next work's Q boxes' origin (this warp's)
@@ -131,26 +141,31 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   };
   start_work();
   hfp::fwd::OnlineSoftmax<1> finished;  // the work before's softmax, kept for its store
-  // Soft-cap, key-length mask and online softmax of this step's scores.
-  auto softmax_of_step = [&]() {
+  auto key0_of_step = [&]() { return (tile.keys.n_block_max - 1 - i) * BLOCK_N; };
+  auto step_is_masked = [&]() {  // the key-length bound
+    const int key0 = key0_of_step();
+    return key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi;
+  };
+  // Soft-cap, key-length mask (where `masked`) and online softmax of this step's scores.
+  auto softmax_of_step = [&](bool masked) {
     if (p.scores.softcap_pre != 0.f) hfp::fwd::apply_softcap(scores, p.scores);
-    const int key0 = (tile.keys.n_block_max - 1 - i) * BLOCK_N;
-    if (key0 < tile.keys.mask_lo || key0 + BLOCK_N > tile.keys.mask_hi)  // the key-length bound
-      hfp::fwd::apply_mask<false>(scores, key0 + 2 * t, tile.p0 + warp_row0 + g, tile.group, tile.shifts,
+    if (masked)
+      hfp::fwd::apply_mask<false>(scores, key0_of_step() + 2 * t, tile.p0 + warp_row0 + g, tile.group, tile.shifts,
                                   tile.span.seqlen_k);
     rescale_pending = rows.softmax.exponentiate(scores, correction, p.scores.exp2_mul());
   };
-  // After a step: the next work's Q copy at this work's second step (or first), the next step's work.
-  auto next_step = [&]() -> bool {
-    if (i == copy_step) {  // this warp's 16 rows of the next work's Q by the TMA, a box a 64 columns (first lane)
-      hfp::tma::bulk_wait_read<0>();  // the boxes staged in the other Q tile were read (only the first lane has any)
-      const uint32_t landed = q_landed + (buffer ^ 1) * 8 * NUM_WG;
-      hfp::tma::arrive_expect_bytes_if(lane == 0, landed, 16 * HEAD_DIM * 2);
+  // At the copy step: this warp's 16 rows of the next work's Q by the TMA, a box a 64 columns (first lane).
+  auto load_next_query = [&]() {
+    hfp::tma::bulk_wait_read<0>();  // the boxes staged in the other Q tile were read (only the first lane has any)
+    const uint32_t landed = q_landed + (buffer ^ 1) * 8 * NUM_WG;
+    hfp::tma::arrive_expect_bytes_if(lane == 0, landed, 16 * HEAD_DIM * 2);
 #pragma unroll
-      for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
-        hfp::tma::load_box_if(lane == 0, warp_rows_of(buffer ^ 1) + sub * (kBlockM * kSubTileRowBytes), p.q_tma,
-                              sub * 64, next_box.head0, next_box.position, next_box.batch, landed);
-    }
+    for (int sub = 0; sub < HEAD_DIM / 64; ++sub)
+      hfp::tma::load_box_if(lane == 0, warp_rows_of(buffer ^ 1) + sub * (kBlockM * kSubTileRowBytes), p.q_tma,
+                            sub * 64, next_box.head0, next_box.position, next_box.batch, landed);
+  };
+  // After a step: the next step's work.
+  auto next_step = [&]() -> bool {
     hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
     ++ring;
     if (++i < tile.keys.num_tiles) return true;
@@ -174,47 +189,57 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(s_flat);
-    release_keys(ring);
-    softmax_of_step();
+    release(keys_released(ring));
+    softmax_of_step(step_is_masked());
+    if (i == copy_step) load_next_query();
   }
   bool more = next_step();
   while (more) {
     const bool first = i == 0;
+    const bool boundary = first || i == copy_step;
     const uint32_t k_slot = wait_keys(ring);
+    uint32_t v_barrier = values_barrier(ring - 1), v_parity = values_parity(ring - 1), masked = step_is_masked();
+    uint32_t k_release = keys_released(ring);
+    asm volatile("" : "+r"(v_barrier), "+r"(v_parity), "+r"(masked), "+r"(k_release));  // here, beside S's issue
     fence_operands(s_flat);
     fence_operands(o_flat);
     wgmma_fence();
     issue_scores(s_flat, desc.q_rows.plus(buffer * kQBytes), desc.k_ring.plus(k_slot * kKBytes));
     wgmma_commit();
     rows.softmax.rescale(rows.acc_o, correction, rescale_pending);  // under S, as in key_loop
-    const uint32_t v_slot = wait_values(ring - 1);
+    mbarrier_wait(v_barrier, v_parity);
     fence_operands(o_flat);
     wgmma_fence();
-    issue_pv(o_flat, probs, desc.v_ring.plus(v_slot * kVBytes));
+    issue_pv(o_flat, probs, desc.v_ring.plus((ring - 1) % KV_STAGES * kVBytes));
     wgmma_commit();
     wgmma_wait<1>();  // S retired; the P V may still run
     fence_operands(s_flat);
-    release_keys(ring);
+    release(k_release);
     if (first) {  // a fresh softmax for this work
       finished = rows.softmax;
       rows.softmax.init();
     }
-    softmax_of_step();
+    softmax_of_step(masked != 0);
     if (__any_sync(0xffffffffu, rows.softmax.row_sum[0][0] < 0.f || rows.softmax.row_sum[0][1] < 0.f))
       __nanosleep(1);  // never taken (keep_wait_behind's reason; see above)
     wgmma_wait<0>();
     fence_operands(o_flat);
     fence_operands(reinterpret_cast<uint32_t(&)[BLOCK_N / 4]>(probs));
-    release_values(ring - 1);
-    if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
-      store_output_boxes(rows.acc_o, finished, p, chain_work(p, round - 1), warp_row0, lane, warp_rows_of(buffer ^ 1));
-      hfp::zero_fragments(rows.acc_o);
+    release(values_released(ring - 1));
+    if (boundary) {
+      if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
+        store_output_boxes(rows.acc_o, finished, p, chain_work(p, round - 1), warp_row0, lane,
+                           warp_rows_of(buffer ^ 1));
+        hfp::zero_fragments(rows.acc_o);
+      }
+      if (i == copy_step) load_next_query();
     }
     more = next_step();
   }
   // The last work's last P V, and its output.
   rows.softmax.rescale(rows.acc_o, correction, rescale_pending);
-  const uint32_t v_slot = wait_values(ring - 1);
+  mbarrier_wait(values_barrier(ring - 1), values_parity(ring - 1));
+  const uint32_t v_slot = (ring - 1) % KV_STAGES;
   fence_operands(o_flat);
   wgmma_fence();
   wgmma_rs_tb<HEAD_DIM_V, kBf16>(o_flat, probs[0], desc.v_ring.plus(v_slot * kVBytes).value(), 1);
@@ -225,7 +250,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   wgmma_commit();
   wgmma_wait<0>();
   fence_operands(o_flat);
-  release_values(ring - 1);
+  release(values_released(ring - 1));
   store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
 }
 

@@ -274,24 +274,24 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   const bool tma_output = kTmaOutput && p.o_box_heads > 0;
 
   // The K/V ring's hand-over, per ring tile r: wait until its K (or V) landed (its slot), and this warp is done with it.
-  auto wait_slot = [&](uint32_t full_bars, int r) -> uint32_t {
+  auto wait_slot = [&](uint32_t full_bars, auto r) -> uint32_t {  // r: int, or the chain's uint32_t
     const int slot = r % KV_STAGES;
     mbarrier_wait(full_bars + 8 * slot, (r / KV_STAGES) & 1);
     return slot;
   };
-  auto release = [&](uint32_t empty_bars, int r) {
+  auto release_at = [&](uint32_t bar) {  // a slot's "empty" mbarrier
     __syncwarp();
     if (first_lane()) {
-      mbarrier_arrive(empty_bars + 8 * (r % KV_STAGES));
+      mbarrier_arrive(bar);
       // A multicast slot is rewritten in both CTAs: the other CTA's producer waits for this warp too.
-      if constexpr (kKvCluster > 1) mbarrier_arrive_in(empty_bars + 8 * (r % KV_STAGES), cta_rank ^ 1);
+      if constexpr (kKvCluster > 1) mbarrier_arrive_in(bar, cta_rank ^ 1);
     }
   };
+  auto release = [&](uint32_t empty_bars, int r) { release_at(empty_bars + 8 * (r % KV_STAGES)); };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
     chained_walk(
-        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
-        [&](int r) { return wait_slot(k_full_bars, r); }, [&](int r) { return wait_slot(v_full_bars, r); },
-        [&](int r) { release(k_empty_bars, r); }, [&](int r) { release(v_empty_bars, r); });
+        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup, v_full_bars,
+        k_empty_bars, v_empty_bars, [&](uint32_t r) { return wait_slot(k_full_bars, r); }, release_at);
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
     return;
   }
