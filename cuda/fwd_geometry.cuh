@@ -57,6 +57,13 @@ struct FwdParams {
   // heaviest. Rows before the sequence (whole warpgroups, their Q rows zero) are computed over few key tiles or none
   // and never stored. 0 elsewhere, and with output boxes (a box at a negative row faults the TMA).
   int leading_rows;
+  // The chained walk's split last round (SPLIT_TAIL builds, tail_parts > 0; fwd_split_tail.cuh): the most parts a
+  // work of that round has (0: no split); each warp's part of a split work, (tail works, tail_parts, math warps,
+  // values, 32 lanes) fp32; per (tail work, math warp) the parts written so far (zeroed by the launch). Last, so that
+  // the other builds' parameter offsets stay as they were.
+  int tail_parts;
+  float* __restrict__ partials;
+  int* __restrict__ part_counters;
 };
 
 // The rows of one sequence: token offsets of its first query and first key, and its lengths. Varlen:
@@ -118,6 +125,9 @@ struct QueryTile {
   const Elem* q_rows;
   const Elem* k_rows;
   const Elem* v_rows;
+  // A piece of a work of the split last round (tail_piece): part `part` of `parts` (1: the whole work), of tail work
+  // `tail_work` (its index in that round).
+  int tail_work, part, parts;
   __device__ __forceinline__ bool empty() const { return p0 >= packed_rows; }
 };
 
@@ -191,20 +201,115 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
                 (int64_t)kv_head * p.group * p.q_head_stride;
   tile.k_rows = p.k + batch * p.k_batch_stride + tile.span.k_token0 * p.k_seq_stride + kv_head * p.k_head_stride;
   tile.v_rows = p.v + batch * p.v_batch_stride + tile.span.k_token0 * p.v_seq_stride + kv_head * p.v_head_stride;
+  tile.tail_work = 0;
+  tile.part = 0;
+  tile.parts = 1;
   return tile;
 }
 
-// Every work tile CTA blockIdx.x takes, in its order (walk_work over persistent_work), as a QueryTile; empty ones
-// (a varlen sequence's tiles past its end) are skipped. Each role of the Hopper body walks the same tiles with it;
-// a masked walk's first tile of a sequence starts before it (FwdParams::leading_rows).
-template <bool kWindowed, int kBlockM, int kBlockN, typename Body>
+// The split last round (p.tail_parts > 0: an unmasked fixed-length walk whose works do not fill the last round,
+// heuristics.split_tail_parts): the walk's full rounds as before, then the last round's works cut by key tiles over
+// the whole grid, so that no SM idles through that round's last works. The grid's kCluster-CTA clusters are its lanes
+// (a cluster's CTAs take one group of kCluster works of a pair, the same key tiles); the last round's groups' key
+// tiles, group after group and each work's in walk order, are shared out evenly, lane l taking positions
+// [l U / L, (l + 1) U / L) of U; each group a lane's range meets is a piece: its CTA's work of the group, over the
+// key tiles it meets (part `part` of the `parts` lanes that meet the group). heuristics.split_tail_parts is the
+// host's copy.
+struct TailSplit {
+  int full_rounds;   // rounds of gridDim.x works before the split one
+  int tiles;         // key tiles per work
+  int total;         // key tiles of the split round's groups (U)
+  int lanes;         // L = min(gridDim.x / kCluster, U); clusters past the last lane have no piece
+  // 32-bit: U is at most (gridDim.x - 1) x the key tiles of a work, so U x L stays far below 2^31 for any grid of
+  // one CTA per SM (the host checks: heuristics.split_tail_parts).
+  __device__ __forceinline__ int start(int lane) const { return lane * total / lanes; }
+  __device__ __forceinline__ int lane_of(int x) const { return ((x + 1) * lanes - 1) / total; }  // x's lane
+};
+
+template <int kBlockM, int kBlockN, int kCluster>
+__device__ __forceinline__ TailSplit tail_split(const FwdParams& p) {
+  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
+  const int grid = static_cast<int>(gridDim.x);
+  const int full_rounds = num_work / grid;
+  const int tiles = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  // Never more lanes than key tiles: each lane then has one at least, so the lanes meeting a group are consecutive.
+  const int total = (num_work - full_rounds * grid) / kCluster * tiles;
+  return {full_rounds, tiles, total, min(grid / kCluster, total)};
+}
+
+// This CTA's piece of group `group` over the round's positions [x0, x1) (within the group and this CTA's lane).
+template <int kBlockM, int kBlockN, int kCluster>
+__device__ __forceinline__ QueryTile tail_piece_at(const FwdParams& p, const TailSplit& split, int group, int x0,
+                                                   int x1) {
+  const int tail_work = group * kCluster + static_cast<int>(blockIdx.x) % kCluster;
+  QueryTile tile = query_tile<false, kBlockM, kBlockN>(
+      p, persistent_work<kBlockM>(p, split.full_rounds * static_cast<int>(gridDim.x) + tail_work));
+  // Walk positions i0..i1 of the work's key tiles (walked from n_block_max - 1 down).
+  const int i0 = x0 - group * split.tiles, i1 = x1 - group * split.tiles;
+  tile.keys.n_block_min = tile.keys.n_block_max - i1;
+  tile.keys.n_block_max -= i0;
+  tile.keys.num_tiles = i1 - i0;
+  const int first_lane = split.lane_of(group * split.tiles);
+  tile.tail_work = tail_work;
+  tile.part = static_cast<int>(blockIdx.x) / kCluster - first_lane;
+  tile.parts = split.lane_of((group + 1) * split.tiles - 1) - first_lane + 1;
+  return tile;
+}
+
+// This CTA's piece `k` (0, 1, ..) of the split round into `tile`; false past its last.
+template <int kBlockM, int kBlockN, int kCluster>
+__device__ __forceinline__ bool tail_piece(const FwdParams& p, const TailSplit& split, int k, QueryTile& tile) {
+  const int lane = static_cast<int>(blockIdx.x) / kCluster;
+  if (lane >= split.lanes) return false;
+  const int begin = split.start(lane), end = split.start(lane + 1);
+  const int group = begin / split.tiles + k;
+  const int x0 = k == 0 ? begin : group * split.tiles;
+  if (x0 >= end) return false;
+  tile = tail_piece_at<kBlockM, kBlockN, kCluster>(p, split, group, x0, min(end, (group + 1) * split.tiles));
+  return true;
+}
+
+// The works a walk takes whole, as work indices below the result: every one, or (kSplitTail builds with
+// p.tail_parts > 0) those of its full rounds (its last round is split: for_each_tail_piece).
+template <bool kSplitTail, int kBlockM>
+__device__ __forceinline__ int whole_works(const FwdParams& p) {
+  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
+  if (!kSplitTail || p.tail_parts <= 0) return num_work;
+  return num_work / static_cast<int>(gridDim.x) * static_cast<int>(gridDim.x);
+}
+
+// This CTA's pieces of the split last round (p.tail_parts > 0), in order: `body(piece)` for each, a QueryTile over
+// the key tiles it takes (tail_piece_at).
+template <int kBlockM, int kBlockN, int kCluster, typename Body>
+__device__ __forceinline__ void for_each_tail_piece(const FwdParams& p, Body body) {
+  const TailSplit tail = tail_split<kBlockM, kBlockN, kCluster>(p);
+  const int lane = static_cast<int>(blockIdx.x) / kCluster, end = tail.start(lane + 1);
+  for (int x = lane < tail.lanes ? tail.start(lane) : end; x < end;) {  // this lane's positions, a piece a group
+    const int group = x / tail.tiles, x1 = min(end, (group + 1) * tail.tiles);
+    body(tail_piece_at<kBlockM, kBlockN, kCluster>(p, tail, group, x, x1));
+    x = x1;
+  }
+}
+
+// kSplitTail builds (unmasked): where p.tail_parts > 0, the full rounds, then this CTA's pieces of the split one. Their
+// walk is its own loop, so the other builds' code is unchanged.
+template <bool kWindowed, int kBlockM, int kBlockN, bool kSplitTail = false, int kCluster = 1, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-    const int w = walk_work<kWindowed>(round);
-    if (w >= num_work) continue;
-    const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
-    if (!tile.empty()) body(tile);
+  if constexpr (kSplitTail && !kWindowed) {
+    const int grid = static_cast<int>(gridDim.x), walked = whole_works<true, kBlockM>(p);
+    for (int w = static_cast<int>(blockIdx.x); w < walked; w += grid) {  // walk_work<false>: round r's is r grid + b
+      const QueryTile tile = query_tile<false, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
+      if (!tile.empty()) body(tile);
+    }
+    if (p.tail_parts > 0) for_each_tail_piece<kBlockM, kBlockN, kCluster>(p, body);
+  } else {
+    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
+      const int w = walk_work<kWindowed>(round);
+      if (w >= num_work) continue;
+      const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
+      if (!tile.empty()) body(tile);
+    }
   }
 }
 

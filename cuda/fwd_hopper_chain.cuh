@@ -12,6 +12,7 @@
 // work's rows are copied (cp.async).
 #pragma once
 #include "fwd_hopper_step.cuh"
+#include "fwd_split_tail.cuh"
 
 namespace {
 
@@ -25,6 +26,12 @@ static_assert(!kChainedWalk || (!kWindowed && !Q_BY_TMA && !OWN_KEY_TILES && !ST
 __device__ __forceinline__ hfp::fwd::QueryTile chain_work(const hfp::fwd::FwdParams& p, int round) {
   return hfp::fwd::query_tile<false, kBlockM, BLOCK_N>(p, hfp::fwd::persistent_work<kBlockM>(p, hfp::fwd::walk_work<false>(round)));
 }
+
+// Where a walk (or its part) ended: the ring tiles and works it took (chained_walk).
+struct ChainEnd {
+  uint32_t ring;
+  int works;
+};
 
 // Copy this warp's 16 rows (warp_row0..) of the work's packed Q tile into Q tile `q_tile` with cp.async (one group);
 // rows past the sequence's packed rows are zero-filled.
@@ -72,10 +79,12 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
   }
 }
 
-// A math warpgroup's walk. The ring (fwd_hopper_ws.cu): wait_keys(r) waits until ring tile r's K landed and returns
-// its slot; release(bar) hands a slot back on its "empty" mbarrier at `bar` (and the cluster peer's); V's waits and
-// both releases are the walk's own, on the mbarriers from v_full_bars / k_empty_bars / v_empty_bars (8 bytes a
-// slot), so that their addresses and parity are computed ahead.
+// A math warpgroup's walk over its whole works (kPieces = false), or, with a split last round (SPLIT_TAIL,
+// p.tail_parts > 0), over its pieces of that round (kPieces, from `start`: where the first walk ended; the same loop
+// as a second instance, so that the first's steady step keeps its schedule). The ring (fwd_hopper_ws.cu):
+// wait_keys(r) waits until ring tile r's K landed and returns its slot; release(bar) hands a slot back on its "empty"
+// mbarrier at `bar` (and the cluster peer's); V's waits and both releases are the walk's own, on the mbarriers from
+// v_full_bars / k_empty_bars / v_empty_bars (8 bytes a slot), so that their addresses and parity are computed ahead.
 // Step j of the walk is ring tile j, key tile i of the current work. The walk's first step computes S(0) alone;
 // every later step issues S(j), gives O the rescale of step j-1's softmax under it (key_loop's order), issues P(j-1)
 // V(j-1), retires S(j) and exponentiates it while P V runs (a work's first tile starts a fresh softmax), and once P
@@ -92,16 +101,35 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // key-length test beside S's issue, held there by an empty asm, and one test (`boundary`) guards the work's store
 // and the next Q's load: left to ptxas, each was computed after the S or P V wait it follows, in the warp's exposed
 // path (the steady path's static stalls: results/2026-12-06_chain-step).
-template <typename WaitKeys, typename Release>
-__device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles, const OperandDescriptors& desc,
-                                             int warp_row0, int lane, int q_rows_barrier, uint32_t q_landed,
-                                             uint32_t v_full_bars, uint32_t k_empty_bars, uint32_t v_empty_bars,
-                                             WaitKeys wait_keys, Release release) {
+template <bool kPieces, typename WaitKeys, typename Release>
+__device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles,
+                                                 const OperandDescriptors& desc, int warp_row0, int lane,
+                                                 int q_rows_barrier, uint32_t q_landed, uint32_t v_full_bars,
+                                                 uint32_t k_empty_bars, uint32_t v_empty_bars, WaitKeys wait_keys,
+                                                 Release release, ChainEnd start = {0, 0}) {
   using namespace hfp::sm90;
   const int g = lane >> 2, t = lane & 3;
-  const int num_work = hfp::fwd::m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  auto has_work = [&](int round) { return hfp::fwd::walk_work<false>(round) < num_work; };
-  if (!has_work(0)) return;
+  const int num_work = hfp::fwd::whole_works<kSplitTail, kBlockM>(p);  // the whole works' indices lie below it
+  hfp::fwd::TailSplit tail;
+  if constexpr (kPieces) tail = hfp::fwd::tail_split<kBlockM, BLOCK_N, KV_CLUSTER>(p);
+  auto has_work = [&](int round) {  // work `round` of the walk (counted on from start.works)
+    if constexpr (kPieces) {
+      hfp::fwd::QueryTile piece;
+      return hfp::fwd::tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, tail, round - start.works, piece);
+    } else {
+      return hfp::fwd::walk_work<false>(round) < num_work;
+    }
+  };
+  auto chain_work = [&](const hfp::fwd::FwdParams&, int round) {
+    if constexpr (kPieces) {
+      hfp::fwd::QueryTile piece;
+      hfp::fwd::tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, tail, round - start.works, piece);
+      return piece;
+    } else {
+      return ::chain_work(p, round);
+    }
+  };
+  if (!has_work(start.works)) return start;
   if (p.o_box_heads <= 0) __trap();  // the launch passes the output map (forward.py); no other store is built here
   auto warp_rows_of = [&](int buffer) { return q_tiles + buffer * kQBytes + warp_row0 * kSubTileRowBytes; };
   // This warpgroup's 64 Q rows of the current work landed: every warp's copy, then visible to the tensor cores.
@@ -110,9 +138,13 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     fence_proxy_async_shared();
     named_barrier_sync(q_rows_barrier, 128);
   };
-  int round = 0, buffer = 0;  // the current work and its Q tile
+  int round = start.works, buffer = start.works & 1;  // the current work and its Q tile
   hfp::fwd::QueryTile tile = chain_work(p, round);
-  copy_warp_query_rows(q_tiles, p, tile, warp_row0, lane);
+  if constexpr (kPieces) {  // this warp's boxes staged in that Q tile were read (its first lane's) before a lane writes
+    hfp::tma::bulk_wait_read<0>();
+    __syncwarp();
+  }
+  copy_warp_query_rows(q_tiles + buffer * kQBytes, p, tile, warp_row0, lane);
   query_rows_landed();
 
   MathRows rows;
@@ -123,7 +155,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   bool rescale_pending = false;
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  uint32_t ring = 0;  // this step's ring tile (unsigned: its slot and parity are a mask and a shift)
+  uint32_t ring = start.ring;  // this step's ring tile (unsigned: its slot and parity are a mask and a shift)
   int i = 0;          // this step's key tile within the current work
   auto values_barrier = [&](uint32_t r) { return v_full_bars + 8 * (r % KV_STAGES); };  // ring tile r's V
   auto values_parity = [&](uint32_t r) { return (r / KV_STAGES) & 1; };
@@ -141,6 +173,21 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   };
   start_work();
   hfp::fwd::OnlineSoftmax<1> finished;  // the work before's softmax, kept for its store
+  // A finished work's rows (O, with `softmax`) by boxes staged in `staging`. A piece of a split work (kPieces) writes
+  // its part instead; the warp that wrote a work's last part folds the parts once the walk ended (bit k of `folds`:
+  // the walk's work start.works + k).
+  uint32_t folds = 0;
+  auto store_work = [&](const hfp::fwd::OnlineSoftmax<1>& softmax, int done, uint32_t staging) {
+    const hfp::fwd::QueryTile work = chain_work(p, done);
+    if constexpr (kPieces) {
+      if (work.parts > 1) {
+        if (hfp::fwd::write_part<kOT>(rows.acc_o, softmax, p, work, warp_row0 / 16, 4 * NUM_WG, lane))
+          folds |= 1u << (done - start.works);
+        return;
+      }
+    }
+    store_output_boxes(rows.acc_o, softmax, p, work, warp_row0, lane, staging);
+  };
   auto key0_of_step = [&]() { return (tile.keys.n_block_max - 1 - i) * BLOCK_N; };
   auto step_is_masked = [&]() {  // the key-length bound
     const int key0 = key0_of_step();
@@ -175,8 +222,10 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     tile = chain_work(p, round);
     start_work();
     // Its Q rows landed: the four warps' boxes into this Q tile, whose barrier completes once a use (works 1, 3, ..
-    // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied).
-    hfp::sm90::mbarrier_wait(q_landed + buffer * 8 * NUM_WG, ((round - 1) >> 1) & 1);
+    // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied, and the pieces' first work's).
+    int uses = (round - 1) >> 1;
+    if constexpr (kPieces) uses -= ((round - start.works) & 1) == 0;
+    hfp::sm90::mbarrier_wait(q_landed + buffer * 8 * NUM_WG, uses & 1);
     i = 0;
     return true;
   };
@@ -185,7 +234,7 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     const uint32_t k_slot = wait_keys(ring);
     fence_operands(s_flat);
     wgmma_fence();
-    issue_scores(s_flat, desc.q_rows, desc.k_ring.plus(k_slot * kKBytes));
+    issue_scores(s_flat, desc.q_rows.plus(buffer * kQBytes), desc.k_ring.plus(k_slot * kKBytes));
     wgmma_commit();
     wgmma_wait<0>();
     fence_operands(s_flat);
@@ -228,8 +277,12 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
     release(values_released(ring - 1));
     if (boundary) {
       if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
-        store_output_boxes(rows.acc_o, finished, p, chain_work(p, round - 1), warp_row0, lane,
-                           warp_rows_of(buffer ^ 1));
+        if constexpr (kSplitTail) {
+          store_work(finished, round - 1, warp_rows_of(buffer ^ 1));
+        } else {  // written out as before the split round's builds, whose SASS it keeps
+          store_output_boxes(rows.acc_o, finished, p, ::chain_work(p, round - 1), warp_row0, lane,
+                             warp_rows_of(buffer ^ 1));
+        }
         hfp::zero_fragments(rows.acc_o);
       }
       if (i == copy_step) load_next_query();
@@ -251,7 +304,19 @@ __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint3
   wgmma_wait<0>();
   fence_operands(o_flat);
   release(values_released(ring - 1));
-  store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
+  if constexpr (!kPieces) {
+    store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
+  } else {
+    store_work(rows.softmax, round, warp_rows_of(buffer));
+    for (int piece = start.works; folds != 0; ++piece, folds >>= 1) {
+      if ((folds & 1) == 0) continue;
+      const hfp::fwd::QueryTile work = chain_work(p, piece);
+      hfp::fwd::fold_parts<kOT>(rows.acc_o, rows.softmax, p, work, warp_row0 / 16, 4 * NUM_WG, lane);
+      hfp::tma::bulk_wait_read<0>();  // the staging's last boxes were read
+      store_output_boxes(rows.acc_o, rows.softmax, p, work, warp_row0, lane, warp_rows_of(buffer));
+    }
+  }
+  return {ring, round + 1};
 }
 
 }  // namespace

@@ -36,7 +36,8 @@
 // where the launch passes q_box_heads), OWN_KEY_TILES (each warpgroup's own key tiles), STAGED_OUTPUT (the output
 // through the Q rows), KV_CLUSTER (CTAs sharing each K/V tile by a multicast; 1 unless the build names it),
 // TMA_OUTPUT (the output by the TMA from each warp's Q rows), WARPGROUP_TURNS (the math warpgroups take turns at
-// issuing their products), ELEM_BF16, HAS_MASK.
+// issuing their products), SPLIT_TAIL (the chained walk's last round split by key tiles over the grid, where the
+// launch passes tail_parts: fwd_split_tail.cuh), ELEM_BF16, HAS_MASK.
 #ifndef KV_CLUSTER
 #define KV_CLUSTER 1
 #endif
@@ -98,6 +99,7 @@ constexpr int kKvCluster = KV_CLUSTER;
 static_assert(kKvCluster == 1 || (kKvCluster == 2 && !kWindowed && !kQByTma && !kOwnKeyTiles && BLOCK_N % 16 == 0),
               "K/V multicast: unmasked works of equal key tiles, the math warps copying Q, tiles of whole 8-row "
               "swizzle atoms per CTA");
+static_assert(!kSplitTail || kChainedWalk, "a split last round: the chained walk's (fwd_hopper_chain.cuh)");
 constexpr int kKvRowsPerCta = BLOCK_N / kKvCluster;  // the K/V rows of a tile that one CTA's producer loads
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
@@ -182,7 +184,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+      for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail, KV_CLUSTER>(p, [&](const QueryTile& tile) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -207,7 +209,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+    for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail, KV_CLUSTER>(p, [&](const QueryTile& tile) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -289,9 +291,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   };
   auto release = [&](uint32_t empty_bars, int r) { release_at(empty_bars + 8 * (r % KV_STAGES)); };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
-    chained_walk(
-        p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup, v_full_bars,
-        k_empty_bars, v_empty_bars, [&](uint32_t r) { return wait_slot(k_full_bars, r); }, release_at);
+    auto wait_keys = [&](uint32_t r) { return wait_slot(k_full_bars, r); };
+    const ChainEnd whole = chained_walk<false>(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup,
+                                               q_full_bars + 8 * warpgroup, v_full_bars, k_empty_bars, v_empty_bars,
+                                               wait_keys, release_at);
+    if (kSplitTail && p.tail_parts > 0)  // the split last round's pieces, chained on
+      chained_walk<true>(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
+                         v_full_bars, k_empty_bars, v_empty_bars, wait_keys, release_at, whole);
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
     return;
   }

@@ -97,8 +97,13 @@ def shipped_builds() -> dict:
                     builds[key] = config.build(arch)
                     if getattr(config, "kv_cluster", 1) > 1:  # the plain build of walks that cannot take clusters
                         builds[f"{key}/plain_walk"] = dataclasses.replace(config, kv_cluster=1).build(arch)
+                    if getattr(config, "split_tail", False):  # the chain without its split round, clustered or not
+                        unsplit = dataclasses.replace(config, split_tail=False)
+                        builds[f"{key}/unsplit"] = unsplit.build(arch)
+                        if unsplit.kv_cluster > 1:
+                            builds[f"{key}/unsplit_plain"] = dataclasses.replace(unsplit, kv_cluster=1).build(arch)
                     if getattr(config, "chained_walk", False):  # the same tiles work by work, clustered or not
-                        work_by_work = dataclasses.replace(config, chained_walk=False)
+                        work_by_work = dataclasses.replace(config, chained_walk=False, split_tail=False)
                         builds[f"{key}/work_by_work"] = work_by_work.build(arch)
                         if work_by_work.kv_cluster > 1:
                             builds[f"{key}/work_by_work_plain"] = dataclasses.replace(work_by_work, kv_cluster=1).build(arch)

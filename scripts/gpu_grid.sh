@@ -18,7 +18,7 @@ group() {  # name, pytest arguments
 }
 t0=$(date +%s)
 group forward tests/gpu/test_forward.py tests/gpu/test_forward_walks.py &
-group forward_chained tests/gpu/test_forward_chained_walk.py &
+group forward_chained tests/gpu/test_forward_chained_walk.py tests/gpu/test_forward_split_tail.py &
 group backward_core tests/gpu/test_backward.py -k "not varlen" &
 group backward_varlen_vdim tests/gpu/test_backward.py tests/gpu/test_value_head_dim_gpu.py -k "varlen or value_head_dim" &
 group training_sinks tests/gpu/test_training.py tests/gpu/test_sinks_gpu.py &

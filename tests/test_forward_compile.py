@@ -125,17 +125,18 @@ def test_all_builds_cover_every_dtype_head_dim_and_mask():
     # d64/d128 and at q/k 192 with v 128 (multi-head latent attention); masked d128 has a second, for walks of one
     # work tile per CTA (heuristics.forward_tile_shape: the math warps copy Q), and unmasked d128 a second, its plain
     # build beside the K/V multicast one (for walks that cannot take clusters: heuristics.clustered_schedule), each
-    # chained and not (the chained walk and the same tiles work by work: heuristics.chained_walk_serves)
+    # chained with its split last round, chained without it, and the same tiles work by work (heuristics.chain_form)
     pairs = len(HOPPER_VALUE_HEAD_DIM_SHAPES)
     assert len(configs) == (len(SUPPORTED_HEAD_DIMS) + pairs) * 2 * 2
-    assert len(BUILDS) == len(configs) + 2 + 2 * 3
+    assert len(BUILDS) == len(configs) + 2 + 2 * 5
     count = {k: sum(key(b) == k for b in BUILDS) for k in configs}
     assert sorted(k for k, n in count.items() if n == 2) == [("0", "128", "128", "1"), ("1", "128", "128", "1")]
-    assert sorted(k for k, n in count.items() if n == 4) == [("0", "128", "128", "0"), ("1", "128", "128", "0")]
+    assert sorted(k for k, n in count.items() if n == 6) == [("0", "128", "128", "0"), ("1", "128", "128", "0")]
     chained = [b for b in BUILDS if dict(b.defines).get("CHAINED_WALK")]
-    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in chained] == [("128", "0")] * 4
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in chained] == [("128", "0")] * 8
+    assert sum(dict(b.defines).get("SPLIT_TAIL") == "1" for b in chained) == 4
     clustered = [b for b in BUILDS if dict(b.defines).get("KV_CLUSTER")]
-    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in clustered] == [("128", "0")] * 4
+    assert [(dict(b.defines)["HEAD_DIM"], dict(b.defines)["HAS_MASK"]) for b in clustered] == [("128", "0")] * 6
     assert {(d, d_v) for _, d, d_v, _ in configs if d_v not in (None, d)} == {
         (str(d), str(d_v)) for d, d_v in HOPPER_VALUE_HEAD_DIM_SHAPES}
     assert {b.source for b in BUILDS} == {"fwd.cu", "fwd_hopper_ws.cu"}

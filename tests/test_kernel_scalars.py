@@ -98,8 +98,8 @@ def test_forward_scalars(recorder, scale, softcap):
     forward._launch(q, k, v, None, None, None, None, scale, False, -1, -1, softcap)
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
-    # work section, q_box_heads, o_box_heads, leading_rows
-    scale_log2, softcap_pre, softcap_log2 = args[-11:-8]
+    # work section, q_box_heads, o_box_heads, leading_rows, then the split round's tail_parts, partials, part_counters
+    scale_log2, softcap_pre, softcap_log2 = args[-14:-11]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -179,6 +179,7 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
+    args = args[:-3]  # FwdParams' last three: the split round's (tail_parts, partials, part_counters)
     assert grid == (ctas, 1, 1) and args[-4] == section  # FwdParams.work_section (q_box_heads, o_box_heads follow)
     # FwdParams.leading_rows: a causal batched walk's first tile leads its sequence by the last tile's shortfall (4096
     # rows on 192-row tiles: 22 tiles, the last of 64 rows, so the first starts 128 rows early); none unmasked or varlen
@@ -314,4 +315,4 @@ def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypa
     forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
     assert (grid[0] < 64) == walks
-    assert built[0].q_by_tma == walks and (args[-3] > 0) == walks  # FwdParams.q_box_heads (2 fields follow)
+    assert built[0].q_by_tma == walks and (args[-6] > 0) == walks  # FwdParams.q_box_heads (5 fields follow)

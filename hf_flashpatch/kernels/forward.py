@@ -40,12 +40,12 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import KernelUnsupported
-from . import forward_torch, tma
+from . import forward_torch, tail_split, tma
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
-from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chained_walk_serves,
+from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chain_form,
                          clustered_schedule, forward_tile_shape, hopper_forward_schedule, leading_rows,
-                         native_value_head_dim, padding_head_dims)
+                         native_value_head_dim, padding_head_dims, split_tail_parts)
 from .value_head_dim import padded_attention, padded_head_dim
 
 SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
@@ -54,7 +54,8 @@ _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # FwdParams: k_tma v_tma q_tma o_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
-# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads leading_rows
+# ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads leading_rows |
+# tail_parts partials part_counters
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ForwardConfig:
     tma_output: bool = False  # wgmma body: the output by the TMA from each warp's Q rows (TileShape.tma_output)
     chained_walk: bool = False  # wgmma body: one key loop over a warpgroup's works (TileShape.chained_walk)
     warpgroup_turns: bool = False  # wgmma body: the math warpgroups' turns (TileShape.warpgroup_turns)
+    split_tail: bool = False  # wgmma body: the last round split by key tiles (TileShape.split_tail)
 
     @property
     def value_dim(self) -> int:
@@ -90,7 +92,7 @@ class ForwardConfig:
         if self.head_dim_v is not None and self.head_dim_v != self.head_dim:
             raise ValueError(f"the mma.sync body takes one head dim for q, k and v, got {self}")
         if (self.q_by_tma or self.own_key_tiles or self.staged_output or self.kv_cluster != 1 or self.tma_output
-                or self.chained_walk or self.warpgroup_turns):
+                or self.chained_walk or self.warpgroup_turns or self.split_tail):
             raise ValueError(f"Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast "
                              f"are the wgmma body's, as are the chained walk and the warpgroups' turns, "
                              f"got {self}")  # fmt: skip
@@ -124,6 +126,7 @@ class ForwardConfig:
                                                                         or self.own_key_tiles)))
             and not (self.chained_walk and (self.has_mask or not self.tma_output or self.block_n < 128
                                             or self.head_dim != self.value_dim or self.warpgroup_turns))
+            and not (self.split_tail and not self.chained_walk)
         )  # fmt: skip
         if not ok:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
@@ -132,7 +135,8 @@ class ForwardConfig:
                              f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
                              f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "
                              f"tile computed; the chained walk unmasked, with the output boxes, at one head dim and "
-                             f">= 128-key tiles, without the warpgroups' turns), got {self}")  # fmt: skip
+                             f">= 128-key tiles, without the warpgroups' turns; the split last round the chained "
+                             f"walk's), got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,
@@ -171,6 +175,8 @@ class ForwardConfig:
                 defines += (("CHAINED_WALK", 1),)
             if self.warpgroup_turns:  # the source's default is 0
                 defines += (("WARPGROUP_TURNS", 1),)
+            if self.split_tail:  # the source's default is 0
+                defines += (("SPLIT_TAIL", 1),)
             return KernelBuild("fwd_hopper_ws.cu", tuple((name, str(value)) for name, value in defines), arch)
         defines = (
             ("HEAD_DIM", self.head_dim), ("BLOCK_M", self.block_m), ("BLOCK_N", self.block_n),
@@ -183,15 +189,16 @@ class ForwardConfig:
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
     """Every build shipped for ``arch``: dtype x head dim (and the v head dims of their own the arch's kernels
-    take) x masking x the Hopper walk's two forms, and a K/V multicast shape's plain build (the CI compile check
-    walks this list)."""
+    take) x masking x the Hopper walk's forms (a chained shape: with its split last round, without, work by work),
+    and a K/V multicast shape's plain build (the CI compile check walks this list)."""
     dims = [(head_dim, None) for head_dim in SUPPORTED_HEAD_DIMS]
     dims += [pair for pair in HOPPER_VALUE_HEAD_DIM_SHAPES if native_value_head_dim(*pair, arch)]
 
     def with_plain(shape: TileShape) -> tuple[TileShape, ...]:  # the builds a walk without clusters or boxes launches
         shapes = (shape, dataclasses.replace(shape, kv_cluster=1)) if shape.kv_cluster > 1 else (shape,)
-        if shape.chained_walk:  # and the same tiles walked work by work
-            shapes += tuple(dataclasses.replace(s, chained_walk=False) for s in shapes)
+        if shape.chained_walk:  # without the split round, and the same tiles walked work by work
+            unsplit = tuple(dataclasses.replace(s, split_tail=False) for s in shapes) if shape.split_tail else ()
+            shapes += unsplit + tuple(dataclasses.replace(s, chained_walk=False, split_tail=False) for s in shapes)
         return shapes
 
     builds = [
@@ -296,6 +303,19 @@ def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
 # --------------------------------------------------------------------------------------- launch
 
 
+def _split_tail(config: ForwardConfig, ctas: int, works: int, seqlen_k: int, masked_or_varlen: bool,
+                device: torch.device):  # fmt: skip
+    """``(partials, part_counters, tail_parts)`` of a launch (``tail_split.partials``) where ``config`` splits its last
+    round (``split_tail``: ``heuristics.chain_form`` chose it), else ``(None, None, 0)``."""
+    if not config.split_tail or masked_or_varlen:
+        return None, None, 0
+    tail_parts = split_tail_parts(works, ctas, config.kv_cluster, -(-seqlen_k // config.block_n))
+    if not tail_parts:
+        return None, None, 0
+    math_warps = config.num_warps - 4  # the first warpgroup produces
+    return (*tail_split.partials(tail_parts, works, ctas, math_warps, config.value_dim, device), tail_parts)
+
+
 def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
             window_left, window_right, softcap, shape: TileShape | None = None,
             schedule: HopperSchedule | None = None):  # fmt: skip
@@ -369,15 +389,15 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
             config = dataclasses.replace(config, kv_cluster=1)
     o_tma, o_box_heads = _output_map(config, out, group, varlen)
-    if config.chained_walk and not chained_walk_serves(seqlen_k, o_box_heads > 0):
-        config = dataclasses.replace(config, chained_walk=False)  # the same tiles work by work: the same bits
+    if config.chained_walk:
+        config = chain_form(config, seqlen_k, o_box_heads > 0, m_blocks * kv_heads * num_seqs, grid[0])
     q_tma, q_box_heads = _query_map(config, q, group)
     if config.chained_walk:  # each warp loads its next 16 Q rows by the output boxes' geometry
         chain_q_tma, chain_q_box_heads = _packed_rows_map(True, q, 16, group)
         if chain_q_box_heads:
             q_tma, q_box_heads = chain_q_tma, chain_q_box_heads
         else:  # a q the driver cannot map: the same tiles work by work (the same bits)
-            config = dataclasses.replace(config, chained_walk=False)
+            config = dataclasses.replace(config, chained_walk=False, split_tail=False)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
     k, v, k_tma, v_tma = _tensor_maps(config, k, v)
     # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
@@ -386,15 +406,18 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     lead = 0
     if chosen.wgmma and masked and not varlen and not o_box_heads:
         lead = leading_rows(seqlen_q * group, config.block_m)
+    partials, part_counters, tail_parts = _split_tail(config, grid[0], m_blocks * kv_heads * num_seqs, seqlen_k,
+                                                      masked or varlen, q.device)  # fmt: skip
     kernel(
         grid, (config.threads, 1, 1),
         k_tma, v_tma, q_tma, o_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead,
+        kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead, tail_parts, partials, part_counters,
         shared_bytes=kernel.shared_bytes,
-        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k) if t is not None),
+        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters)
+                      if t is not None),
     )  # fmt: skip
     return out, lse
 

@@ -36,6 +36,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import tail_split
+
 # ============================================================================================ forward
 
 
@@ -54,6 +56,7 @@ class TileShape:
     tma_output: bool = False  # wgmma body: each warp's output rows by the TMA from its Q rows (needs Q copied)
     chained_walk: bool = False  # wgmma body: one key loop over all of a warpgroup's works (unmasked, output boxes)
     warpgroup_turns: bool = False  # wgmma body, walked work by work: the math warpgroups take turns at issuing products
+    split_tail: bool = False  # wgmma body, the chained walk: a partial last round's works split by key tiles
 
 
 # The Hopper body (head dims 64 and 128 on sm_90a): a producer warpgroup streaming K/V with the TMA into a ring
@@ -76,7 +79,7 @@ class TileShape:
 #   128-key tiles). At d128, as at 192/128, the own key tiles' prologue cost more than it saved.
 HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
-                            tma_output=True, chained_walk=True),
+                            tma_output=True, chained_walk=True, split_tail=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True,
                            warpgroup_turns=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
@@ -225,11 +228,53 @@ def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, 
     return dataclasses.replace(walk, kv_cluster=kv_cluster)
 
 
+# The split last round pays where it saves at least this many key tiles of the round's time: its parts' writes and
+# fences, the fold at the walk's end and the pieces' first Q copy cost about 20 us a launch, a key tile about 2 us
+# (H100; results/2026-12-06_split-tail: 1.032 of main's kernel time at 8x2k, which saves 6 key tiles, 0.997 at 4x4k
+# (12), 0.977 at 2x8k (25)).
+SPLIT_TAIL_MIN_SAVED_TILES = 12
+
+
+def split_tail_parts(works: int, ctas: int, kv_cluster: int, key_tiles: int) -> int:
+    """The split last round of an unmasked persistent walk (``TileShape.split_tail``): 0 where ``works`` fill whole
+    rounds of ``ctas`` (or the walk has one CTA a work), or where the split saves fewer than
+    :data:`SPLIT_TAIL_MIN_SAVED_TILES` key tiles of that round; else the most parts one work of the round is cut into
+    (``tail_split.max_parts``: the round's works in groups of ``kv_cluster``, their ``key_tiles`` each shared out over
+    the clusters). A whole last round costs the SMs that have no work an idle work's time (about 2 % of a 2048-work
+    walk on 132 SMs: ``results/2026-12-06_round-quantization``); split, it ends once every lane ran its share."""
+    return tail_split.max_parts(works, ctas, kv_cluster, key_tiles, SPLIT_TAIL_MIN_SAVED_TILES)
+
+
 # The chained walk (TileShape.chained_walk, cuda/fwd_hopper_chain.cuh) removes a work's boundary costs (first S
 # alone, last P V alone, stores, Q wait), but its step is a little longer than the work-by-work loop's: it pays
 # where works are short. Beyond this many keys the same tiles walk work by work (the same bits either way;
 # notes/forward.md, decision log).
 CHAINED_WALK_MAX_KEYS = 4096
+# The chained walk with its split last round (TileShape.split_tail: the pieces as a second chained walk) serves keys
+# in this range, where the split pays, in place of the same tiles walked work by work (0.979 of its kernel time at
+# 2x8k, H100). Up to CHAINED_WALK_MAX_KEYS the chain without the split serves: beside the pieces' walk ptxas orders the
+# steady step's softmax otherwise, and the build read 1.016 of it at 8x2k and 4x4k (results/2026-12-06_split-tail).
+SPLIT_CHAIN_KEYS = (CHAINED_WALK_MAX_KEYS + 1, 8192)
+
+
+def split_chain_serves(seqlen_k: int, output_boxes: bool) -> bool:
+    """Whether a launch with ``seqlen_k`` keys may take the chained walk with its split last round (where
+    :func:`split_tail_parts` finds one that pays): output boxes and keys within :data:`SPLIT_CHAIN_KEYS`."""
+    return output_boxes and SPLIT_CHAIN_KEYS[0] <= seqlen_k <= SPLIT_CHAIN_KEYS[1]
+
+
+def chain_form(config, seqlen_k: int, output_boxes: bool, works: int, ctas: int):
+    """A chained forward config's form for one launch (``forward.ForwardConfig``, returned replaced): the chain with
+    its split last round where that serves and pays (:func:`split_chain_serves`, :func:`split_tail_parts`), the chain
+    without it where the chain serves (:func:`chained_walk_serves`), else the same tiles work by work (the same bits as
+    the chain without the split)."""
+    key_tiles = -(-seqlen_k // config.block_n)
+    if (config.split_tail and split_chain_serves(seqlen_k, output_boxes)
+            and split_tail_parts(works, ctas, config.kv_cluster, key_tiles)):  # fmt: skip
+        return config
+    if chained_walk_serves(seqlen_k, output_boxes):
+        return dataclasses.replace(config, split_tail=False)
+    return dataclasses.replace(config, chained_walk=False, split_tail=False)
 
 
 def chained_walk_serves(seqlen_k: int, output_boxes: bool) -> bool:

@@ -32,7 +32,7 @@ from hf_flashpatch.kernels.forward import ForwardConfig
 from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES
 shape = HOPPER_SHAPES[(128, False)]
 if sys.argv[3] == "walk":
-    shape = dataclasses.replace(shape, chained_walk=False)
+    shape = dataclasses.replace(shape, chained_walk=False, **({"split_tail": False} if hasattr(shape, "split_tail") else {}))
 config = ForwardConfig.for_problem(128, "bf16", False, shape, arch="sm_90a")
 open(sys.argv[2], "wb").write(compile_cubin(config.build("sm_90a"))[0])
 """
@@ -52,9 +52,16 @@ def key_loop(code):
 
 
 def steady_path(code, first, last):
-    """Indices of the shortest forward path first..last that jumps over no HGMMA and no MUFU.EX2."""
+    """Indices of the shortest forward path first..last that jumps over no HGMMA and no MUFU.EX2 (but those of loops
+    nested in the key loop)."""
     index = {address: i for i, (address, _, _) in enumerate(code)}
-    required = [i for i in range(first, last + 1) if "HGMMA" in code[i][1] or "MUFU.EX2" in code[i][1]]
+    nested = set()  # loops inside the key loop (a split work's parts folded: exponentials no step runs)
+    for i in range(first, last):
+        target = BRANCH.search(code[i][1])
+        if target and first < index.get(int(target.group(1), 16), -1) <= i:
+            nested.update(range(index[int(target.group(1), 16)], i + 1))
+    required = [i for i in range(first, last + 1)
+                if ("HGMMA" in code[i][1] or "MUFU.EX2" in code[i][1]) and i not in nested]
     cost, previous = {first: 0}, {first: None}
     for i in range(first, last + 1):
         if i not in cost:

@@ -30,6 +30,9 @@ if device_arch(torch.device("cuda")) != "sm_90a":
 CHAINED = HOPPER_SHAPES[(128, False)]
 if not CHAINED.chained_walk:
     pytest.skip("the unmasked d128 shape does not chain", allow_module_level=True)
+# The chain without its split last round: every work's bits are the work-by-work walk's (the split round's parts meet
+# in fp32: test_forward_split_tail.py).
+CHAINED_UNSPLIT = dataclasses.replace(CHAINED, split_tail=False)
 
 
 def _launch(q, k, v, shape, launched, monkeypatch):
@@ -70,9 +73,9 @@ def test_chained_walk_equals_the_work_by_work_walk(monkeypatch, case, dtype):
     k = torch.randn(batch, seqlen_k, kv_heads, 128, device="cuda", dtype=dtype)
     v = torch.randn(batch, seqlen_k, kv_heads, 128, device="cuda", dtype=dtype)
     launched = []
-    out, lse = _launch(q, k, v, CHAINED, launched, monkeypatch)
+    out, lse = _launch(q, k, v, CHAINED_UNSPLIT, launched, monkeypatch)
     assert launched[-1] == (16 % group == 0), (launched, group)
-    plain, plain_lse = _launch(q, k, v, dataclasses.replace(CHAINED, chained_walk=False), launched, monkeypatch)
+    plain, plain_lse = _launch(q, k, v, dataclasses.replace(CHAINED_UNSPLIT, chained_walk=False), launched, monkeypatch)
     assert not launched[-1]
     assert not out.isnan().any(), "unwritten or NaN output elements"
     assert torch.equal(out, plain) and torch.equal(lse, plain_lse)
@@ -119,8 +122,8 @@ def test_chained_walk_reads_q_views_as_their_copies(monkeypatch):
     dense, dense_lse = _launch(q.contiguous(), k.contiguous(), v.contiguous(), CHAINED, launched, monkeypatch)
     assert not out.isnan().any() and torch.equal(out, dense) and torch.equal(lse, dense_lse)
     broadcast = q[:, :, :1].expand(batch, seqlen, heads, 128)  # every head is head 0
-    out, lse = _launch(broadcast, k, v, CHAINED, launched, monkeypatch)
-    dense, dense_lse = _launch(broadcast.contiguous(), k, v, CHAINED, launched, monkeypatch)
+    out, lse = _launch(broadcast, k, v, CHAINED_UNSPLIT, launched, monkeypatch)  # work by work if unmapped: no split
+    dense, dense_lse = _launch(broadcast.contiguous(), k, v, CHAINED_UNSPLIT, launched, monkeypatch)
     assert not out.isnan().any() and torch.equal(out, dense) and torch.equal(lse, dense_lse)
     ref, _ = attention_reference(broadcast.float(), k.float(), v.float())
     assert (out.float() - ref).abs().max().item() < 2e-2

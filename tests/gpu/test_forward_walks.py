@@ -133,7 +133,7 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
 
     masked = left >= 0 or right >= 0
     shape = dataclasses.replace(forward_tile_shape(d, "sm_90a", masked, d_v), q_by_tma=True, kv_cluster=1,
-                                tma_output=False, chained_walk=False)  # boxes and the chain need Q rows copied
+                                tma_output=False, chained_walk=False, split_tail=False)  # boxes and the chain need Q rows copied
 
     def launch(varlen):
         if varlen:
@@ -163,8 +163,9 @@ def test_kv_multicast_clusters_equal_the_plain_walk(monkeypatch, case):
     """The unmasked d128 shape's K/V multicast (clusters of two CTAs sharing every K/V tile: TileShape.kv_cluster,
     heuristics.clustered_schedule) against the same walk without it: the same bits, matching the oracle; it runs
     clustered exactly where each (kv head, sequence) pair has an even number of query tiles (else the plain build),
-    and the GPU holds all the walk's CTAs as clusters at once."""
-    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), False)
+    and the GPU holds all the walk's CTAs as clusters at once. (Without the split last round, whose parts depend on
+    the grid's lanes: test_forward_split_tail.py.)"""
+    shape = dataclasses.replace(forward_tile_shape(128, device_arch(torch.device("cuda")), False), split_tail=False)
     if shape.kv_cluster == 1:
         pytest.skip("the K/V multicast is the Hopper body's, unmasked d128")
     batch, seqlen, heads, kv_heads = case
@@ -201,9 +202,10 @@ def test_output_boxes_equal_the_threads_stores(monkeypatch, case, dims):
     """With tma_output (the unmasked d128 and the 192/128 shapes'), each math warp stages its 16 output rows in its Q
     rows and stores them with the TMA (a box of group heads x 16 / group positions) where the problem is batched and
     the group divides 16; else its threads store them. Both give the same bits, match the oracle, and leave no row
-    unwritten (the allocator is NaN-filled); varlen problems and groups of 3 or 32 take the threads' stores."""
+    unwritten (the allocator is NaN-filled); varlen problems and groups of 3 or 32 take the threads' stores. (Without
+    the chain's split last round, which only the chain takes: test_forward_split_tail.py.)"""
     d, d_v = dims
-    shape = forward_tile_shape(d, device_arch(torch.device("cuda")), False, d_v)
+    shape = dataclasses.replace(forward_tile_shape(d, device_arch(torch.device("cuda")), False, d_v), split_tail=False)
     if not shape.tma_output:
         pytest.skip("the output boxes are the Hopper body's")
     batch, seqlen, heads, kv_heads = case
@@ -225,7 +227,7 @@ def test_output_boxes_equal_the_threads_stores(monkeypatch, case, dims):
                                                        shape=tile_shape)  # noqa: E731 fmt: skip
     out, lse = launch(shape)
     assert boxes[-1] == (group if 16 % group == 0 else 0), (boxes, group)
-    stored, stored_lse = launch(dataclasses.replace(shape, tma_output=False, chained_walk=False))
+    stored, stored_lse = launch(dataclasses.replace(shape, tma_output=False, chained_walk=False, split_tail=False))
     assert boxes[-1] == 0
     assert torch.equal(out, stored) and torch.equal(lse, stored_lse)
     assert not out.isnan().any(), "unwritten or NaN output elements"
