@@ -213,15 +213,15 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p, WorkCoords w
 // (a cluster's CTAs take one group of kCluster works of a pair, the same key tiles); the last round's groups' key
 // tiles, group after group and each work's in walk order, are shared out evenly, lane l taking positions
 // [l U / L, (l + 1) U / L) of U; each group a lane's range meets is a piece: its CTA's work of the group, over the
-// key tiles it meets (part `part` of the `parts` lanes that meet the group). heuristics.split_tail_parts is the
-// host's copy.
+// key tiles it meets (part `part` of the `parts` lanes that meet the group). hf_flashpatch/kernels/tail_split.py is
+// the host's copy.
 struct TailSplit {
   int full_rounds;   // rounds of gridDim.x works before the split one
   int tiles;         // key tiles per work
   int total;         // key tiles of the split round's groups (U)
   int lanes;         // L = min(gridDim.x / kCluster, U); clusters past the last lane have no piece
-  // 32-bit: U is at most (gridDim.x - 1) x the key tiles of a work, so U x L stays far below 2^31 for any grid of
-  // one CTA per SM (the host checks: heuristics.split_tail_parts).
+  // 32-bit: U is below gridDim.x x a work's key tiles (at most 52: the split serves up to 8192 keys,
+  // heuristics.SPLIT_CHAIN_KEYS), so U x L stays far below 2^31 for a grid of one CTA per SM.
   __device__ __forceinline__ int start(int lane) const { return lane * total / lanes; }
   __device__ __forceinline__ int lane_of(int x) const { return ((x + 1) * lanes - 1) / total; }  // x's lane
 };

@@ -46,7 +46,7 @@ def max_parts(works: int, ctas: int, kv_cluster: int, key_tiles: int, min_saved_
         return 0
     total = tail // kv_cluster * key_tiles
     lanes = min(ctas // kv_cluster, total)
-    if key_tiles - -(-total // lanes) < min_saved_tiles:
+    if key_tiles - -(-total // lanes) < min_saved_tiles or total * lanes >= 1 << 31:  # the kernel's 32-bit positions
         return 0
     return max(piece[4] for piece in tail_pieces(total, lanes, key_tiles))
 
