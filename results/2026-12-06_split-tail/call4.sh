@@ -1,5 +1,5 @@
 #!/bin/bash
-# For the next session (not run in session 52: its device time was spent): the whole GPU grid on main with the split
+# Run in session 53 (call 4): whole GPU grid on main with the split
 # chain (the split's tests run with the chain's), then issue 14's sustained d128 rows at 2k-16k. Prediction: the 8k
 # full cell 1.05-1.07 of cuDNN (1.037 in results/2026-12-06_round-quantization before the split, and the split chain
 # at 0.979 of the work-by-work walk's kernel time at 2x8k); every other cell's SASS is unchanged, so within its
