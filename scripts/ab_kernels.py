@@ -18,7 +18,8 @@ Cases (bf16, layout (batch, seqlen, heads, head_dim), random inputs seeded by th
 only the cases ``--only`` selects):
 - forward and backward (kernel time in a CUDA graph, and per eager call), 4 x 4096, 16 heads,
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
-  and not) and 2 x 8192 (d128), both at 1 x 16384 (d128, causal and not), the forward at d96 and d256 (the mma.sync body), causal, and
+  and not) and 2 x 8192 (d128, causal and not), both at 1 x 16384 (d128, causal and not), the forward at d96 and
+  d256 (the mma.sync body), causal, and
   at q/k 192, v 128, causal (forward and backward);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
@@ -73,7 +74,9 @@ def _case_builders(torch, hfp):
     for causal in (False, True):  # short sequences: a CTA's prologue and epilogue weigh most here
         case(f"fwd d128 8x2k {'causal' if causal else 'full'}")(
             attention((8, 2048, 16, 128), (8, 2048, 16, 128), causal=causal))
-    case("fwd d128 2x8k full")(attention((2, 8192, 16, 128), (2, 8192, 16, 128)))  # between the 2k-4k and 16k rows
+    for causal in (False, True):  # between the 2k-4k and 16k rows
+        case(f"fwd d128 2x8k {'causal' if causal else 'full'}")(
+            attention((2, 8192, 16, 128), (2, 8192, 16, 128), causal=causal))
     for causal in (False, True):  # bench_forward's d128 16k rows: one sequence of 16 heads
         case(f"fwd d128 1x16k {'causal' if causal else 'full'}")(
             attention((1, 16384, 16, 128), (1, 16384, 16, 128), causal=causal))

@@ -3,6 +3,7 @@ criteria in the README), each implementation called back to back for ``--seconds
 rounds (``bench_timing.time_sustained_ms``).
 
     python scripts/bench_sustained.py [--seconds 1.0] [--rounds 5] [--seqlens 2048 16384] [--head-dims 128 64]
+                                      [--masks full causal] [--parts forward backward]
 
 Why a second timing: ``bench_forward`` / ``bench_backward`` time about 40 ms of calls per round, each after an L2
 flush (``triton.testing.do_bench``), so a round starts from whatever clock the GPU had after the last one. Under a
@@ -52,24 +53,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seqlens", type=int, nargs="+", default=list(SEQLENS), help="tokens per sequence")
     parser.add_argument("--head-dims", type=int, nargs="+", default=list(HEAD_DIMS))
+    parser.add_argument("--masks", nargs="+", choices=("full", "causal"), default=["full", "causal"])
+    parser.add_argument("--parts", nargs="+", choices=("forward", "backward"), default=["forward", "backward"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_sustained needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}; {args.rounds} rounds of {args.seconds} s per implementation, in turns")
     for head_dim in args.head_dims:
-        for causal in (False, True):
+        for causal in [mask == "causal" for mask in args.masks]:
             for seqlen in args.seqlens:
                 batch, heads, q, k, v = bench_forward._inputs(seqlen, head_dim)
                 flops = 4 * batch * heads * seqlen * seqlen * head_dim / (2 if causal else 1)
-                fns = {"ours": bench_forward._ours(q, k, v, causal),
-                       "cudnn": bench_forward._sdpa(q, k, v, causal, "cudnn")}  # fmt: skip
-                print(_row("forward", head_dim, seqlen, causal, fns, flops, args.rounds, args.seconds), flush=True)
-                dout = torch.randn_like(q)
-                fns = {"ours": bench_backward._ours(q, k, v, dout, causal, False),
-                       "cudnn": bench_backward._sdpa(q, k, v, dout, causal, "cudnn")}  # fmt: skip
-                print(_row("backward", head_dim, seqlen, causal, fns, bench_backward.BWD_FLOP_FACTOR * flops,
-                           args.rounds, args.seconds), flush=True)  # fmt: skip
-                del q, k, v, dout, fns
+                if "forward" in args.parts:
+                    fns = {"ours": bench_forward._ours(q, k, v, causal),
+                           "cudnn": bench_forward._sdpa(q, k, v, causal, "cudnn")}  # fmt: skip
+                    print(_row("forward", head_dim, seqlen, causal, fns, flops, args.rounds, args.seconds), flush=True)
+                if "backward" in args.parts:
+                    dout = torch.randn_like(q)
+                    fns = {"ours": bench_backward._ours(q, k, v, dout, causal, False),
+                           "cudnn": bench_backward._sdpa(q, k, v, dout, causal, "cudnn")}  # fmt: skip
+                    print(_row("backward", head_dim, seqlen, causal, fns, bench_backward.BWD_FLOP_FACTOR * flops,
+                               args.rounds, args.seconds), flush=True)  # fmt: skip
+                del q, k, v, fns
                 torch.cuda.empty_cache()
 
 

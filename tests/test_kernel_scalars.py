@@ -99,7 +99,8 @@ def test_forward_scalars(recorder, scale, softcap):
     ((entry, args),) = recorder.calls
     # ..., left, right, ScoreScale (scale_log2, softcap_pre, softcap_log2), total q / k rows, kv heads, sequences,
     # work section, q_box_heads, o_box_heads, leading_rows, then the split round's tail_parts, partials, part_counters
-    scale_log2, softcap_pre, softcap_log2 = args[-14:-11]
+    # and the listed walk's work_list
+    scale_log2, softcap_pre, softcap_log2 = args[-15:-12]
     exp2_mul = softcap_log2 if softcap_pre != 0 else scale_log2  # ScoreScale::exp2_mul
     assert bits((exp2_mul, softcap_pre)) == bits(old_forward(_default(scale), softcap))
 
@@ -164,13 +165,14 @@ def test_backward_preprocess_gets_the_dq_workspace(recorder, deterministic):
     assert calls["bwd_convert_dq"][0] is workspace
 
 
-@pytest.mark.parametrize("causal, varlen, ctas, section", [(False, False, 132, 0), (True, False, 132, 16),
+@pytest.mark.parametrize("causal, varlen, ctas, section", [(False, False, 132, 0), (True, False, 132, 0),
                                                            (False, True, 176, 0), (True, True, 176, 0)])  # fmt: skip
 def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
     """One CTA per SM where every work tile weighs the same (unmasked, fixed length) and, causal at fixed length,
-    where the schedule model deals the tiles out evenly (here d64's 22 tiles per pair in sections of 16 pairs:
-    1.03x the ideal makespan against 1.10x for one CTA per tile); one CTA per work tile for varlen.
-    d64 on Hopper: 192-row tiles, so 4096 rows x 4 heads are 22 x 4 work tiles per sequence, 16 pairs."""
+    where the schedule model deals the tiles out evenly (here d64's 22 tiles per pair, a pair a section, its last
+    rounds dealt out again by the host's list: work section 0, the list's indices being pair-major); one CTA per work
+    tile for varlen. d64 on Hopper: 192-row tiles, so 4096 rows x 4 heads are 22 x 4
+    work tiles per sequence, 16 pairs."""
     if varlen:
         q, k, v = (torch.zeros(8192, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (T, H, D), two sequences
         cu = torch.tensor([0, 4096, 8192], dtype=torch.int32)
@@ -179,7 +181,13 @@ def test_hopper_forward_grid(recorder, causal, varlen, ctas, section):
         q, k, v = (torch.zeros(4, 4096, 4, HEAD_DIM, dtype=torch.float16) for _ in range(3))  # (B, S, H, D)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
-    args = args[:-3]  # FwdParams' last three: the split round's (tail_parts, partials, part_counters)
+    work_list = args[-1]  # FwdParams' last: the listed walk's table (work_list.py), None for every other walk
+    if causal and not varlen:
+        assert work_list.dtype == torch.int32 and work_list.numel() == ctas + 1 + 22 * 16
+        assert sorted(work_list[ctas + 1 :].tolist()) == list(range(22 * 16))  # every work once
+    else:
+        assert work_list is None
+    args = args[:-4]  # the split round's (tail_parts, partials, part_counters) and the work list
     assert grid == (ctas, 1, 1) and args[-4] == section  # FwdParams.work_section (q_box_heads, o_box_heads follow)
     # FwdParams.leading_rows: a causal batched walk's first tile leads its sequence by the last tile's shortfall (4096
     # rows on 192-row tiles: 22 tiles, the last of 64 rows, so the first starts 128 rows early); none unmasked or varlen
@@ -243,15 +251,23 @@ def test_hopper_forward_schedule_decisions():
     assert schedule(2048, 128, 4, right=-1) == heuristics.HopperSchedule(64)  # fewer tiles than SMs
     assert schedule(2048, 128, 128, varlen=True) == heuristics.HopperSchedule(16 * 128)  # varlen: one CTA per tile
     assert schedule(512, 128, 8) == heuristics.HopperSchedule(32)  # one round: one CTA per tile
-    assert schedule(2048, 128, 128) == heuristics.HopperSchedule(132, 1)  # d128 2k causal: snake over pairs
-    assert schedule(4096, 192, 64) == heuristics.HopperSchedule(132, 16)  # d64 4k causal: 22 tiles, 16 pairs
+    listed = schedule(2048, 128, 128)  # d128 2k causal: the snake over pairs, its last rounds dealt out again
+    assert (listed.ctas, listed.section, listed.listed.ctas) == (132, 1, 132)
+    weights = [m + 1 + heuristics.WORK_TILE_OVERHEAD for m in reversed(range(16))]  # 16 tiles a pair: m + 1 key tiles
+    assert listed.listed.makespan < 1.01 * sum(weights) * 128 / 132
+    # d64 4k causal, 22 tiles a pair: the snake of 16 pairs a section ends 2.9 % past the ideal, of one pair 11 %;
+    # their listed forms both within 1.2 %, so the walk keeps the fewest pairs' K/V in flight
+    d64 = schedule(4096, 192, 64)
+    assert (d64.ctas, d64.section, d64.listed is not None) == (132, 1, True)
     assert schedule(16384, 128, 16) == heuristics.HopperSchedule(128 * 16)  # no walk beats the hardware's order
     assert schedule(2048, 128, 512) == heuristics.HopperSchedule(16 * 512)  # past MODELLED_MAX_TILES: not modelled
-    assert schedule(4096, 192, 64, kv_bytes=4 << 20) == heuristics.HopperSchedule(22 * 64)  # 16 pairs' K/V: 64 MB
+    # 4 MB of K/V a pair: no section of 16 pairs (64 MB); a snake of up to 8 ends 11 % past the ideal, behind one CTA
+    # per tile, but its listed form within 1 %
+    assert schedule(4096, 192, 64, kv_bytes=4 << 20) == schedule(4096, 192, 64, kv_bytes=1 << 20)
+    assert schedule(4096, 192, 64, kv_bytes=64 << 20).ctas == 22 * 64  # not even one pair's K/V in the budget
     assert schedule(2048, 128, 128).one_cta_per_tile(16 * 128) is False
     assert schedule(16384, 128, 16).one_cta_per_tile(128 * 16) and schedule(512, 128, 8).one_cta_per_tile(32)
     # the model: the snake deals 2k causal tiles (section 1: pair-major) out within 3.2 % of the ideal makespan
-    weights = [m + 2.0 for m in reversed(range(16))]  # 16 tiles per pair: m + 1 key tiles, + 1 overhead
     ideal = sum(weights) * 128 / 132
     assert heuristics._snake_makespan(weights, 128, 1, 132) / ideal < 1.032
 
@@ -315,4 +331,4 @@ def test_masked_d128_launch_takes_the_q_thread_only_on_a_walk(recorder, monkeypa
     forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
     ((_entry, grid, args),) = recorder.launches
     assert (grid[0] < 64) == walks
-    assert built[0].q_by_tma == walks and (args[-6] > 0) == walks  # FwdParams.q_box_heads (5 fields follow)
+    assert built[0].q_by_tma == walks and (args[-7] > 0) == walks  # FwdParams.q_box_heads (6 fields follow)

@@ -80,8 +80,8 @@ def launches(monkeypatch):
     return launch
 
 
-# FwdParams (forward.py): ..., tail_parts, partials, part_counters (last)
-TAIL_PARTS, PARTIALS, COUNTERS = -3, -2, -1
+# FwdParams (forward.py): ..., tail_parts, partials, part_counters, work_list (last)
+TAIL_PARTS, PARTIALS, COUNTERS = -4, -3, -2
 
 
 def test_the_split_chain_serves_past_the_chains_keys():

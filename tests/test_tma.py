@@ -100,9 +100,10 @@ def test_the_backward_takes_its_maps_before_its_flat_list():
 def test_the_forward_parameter_struct_packs_the_descriptors_first():
     signature = kernel_signature("fwd_hopper_ws.cu", "hfp_attention_forward_sm90_ws")
     assert signature.names[:5] == ("k_tma", "v_tma", "q_tma", "o_tma", "q") and signature.letters[:5] == "TTTTP"
-    assert signature.names[-6:-3] == ("q_box_heads", "o_box_heads", "leading_rows")
-    # the split round's, last (the other builds' offsets unchanged by them)
-    assert signature.names[-3:] == ("tail_parts", "partials", "part_counters") and signature.letters[-6:] == "iiiiPP"
+    assert signature.names[-7:-4] == ("q_box_heads", "o_box_heads", "leading_rows")
+    # the split round's and the listed walk's, last (the other builds' offsets unchanged by them)
+    assert signature.names[-4:] == ("tail_parts", "partials", "part_counters", "work_list")
+    assert signature.letters[-7:] == "iiiiPPP"
     assert struct.calcsize("@" + signature.format) % 64 == 0  # C pads the struct to its 64-byte alignment
     maps = (b"\1" * 128, b"\2" * 128, b"\3" * 128, b"\4" * 128)
     packed = struct.pack("@" + signature.format, *maps, *[0] * (len(signature.letters) - 4))

@@ -252,7 +252,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     assert args[:4] == (bytes([2]) * 128, bytes([3]) * 128, forward.tma.NO_DESCRIPTOR, bytes([1]) * 128)
     # FwdParams.q_box_heads, o_box_heads, leading_rows: none with output boxes (140 packed rows on 128-row tiles would
     # lead by one 64-row warpgroup, but a box before the sequence faults the TMA)
-    assert args[-6:] == (0, 2, 0, 0, None, None)  # then the split round's: none (not the chained walk)
+    assert args[-7:] == (0, 2, 0, 0, None, None, None)  # the split round's: none (not the chained walk), no list
     defines = dict(built[0].defines)
     assert entry == "hfp_attention_forward_sm90_ws" and built[0].source == "fwd_hopper_ws.cu"
     assert (defines["HEAD_DIM"], defines["HEAD_DIM_V"], defines["BLOCK_N"]) == ("192", "128", "64")

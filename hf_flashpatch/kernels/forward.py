@@ -40,7 +40,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import KernelUnsupported
-from . import forward_torch, tail_split, tma
+from . import forward_torch, tail_split, tma, work_list
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chain_form,
@@ -55,7 +55,7 @@ _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
 # FwdParams: k_tma v_tma q_tma o_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
 # ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads leading_rows |
-# tail_parts partials part_counters
+# tail_parts partials part_counters | work_list
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     masked = left >= 0 or right >= 0
     chosen = shape or forward_tile_shape(head_dim, arch, masked, head_dim_v)
     m_blocks = math.ceil(seqlen_q * group / chosen.block_m)
-    section = 0
+    section, listed = 0, None
     if chosen.wgmma:  # CTAs walking work tiles (fwd_hopper_ws.cu): heuristics.hopper_forward_schedule
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
@@ -378,6 +378,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
             chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
         grid, section = (walk.ctas, 1, 1), walk.section
+        if walk.listed is not None:  # the host's list, pair-major work indices; while uploading it cannot, the snake
+            listed = work_list.on_device(walk.listed, q.device)
+            section = 0 if listed is not None else walk.section
     else:
         grid = (m_blocks, kv_heads, num_seqs)
     config = ForwardConfig.for_problem(head_dim, _DTYPE_NAMES[q.dtype], masked, chosen, arch, head_dim_v)
@@ -414,9 +417,9 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
-        kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead, tail_parts, partials, part_counters,
+        kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead, tail_parts, partials, part_counters, listed,
         shared_bytes=kernel.shared_bytes,
-        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters)
+        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters, listed)
                       if t is not None),
     )  # fmt: skip
     return out, lse

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import tail_split
+from .work_list import ListedWalk, listed_walk
 
 # ============================================================================================ forward
 
@@ -130,11 +131,14 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
 class HopperSchedule:
     """The Hopper forward's grid and work order (``fwd_hopper_ws.cu``: CTA ``b`` takes tile ``b`` of every round of
     ``ctas`` work tiles, masked builds in reverse every odd round; ``section``: pairs per section of the work order,
-    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``)."""
+    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``; ``listed``: a masked walk's works dealt out by the
+    host, ``work_list.ListedWalk``, whose launch falls back to the ``section`` walk while its table cannot be
+    uploaded)."""
 
     ctas: int
     section: int = 0
     kv_cluster: int = 1  # CTAs per cluster sharing each K/V tile (TileShape.kv_cluster; see clustered_schedule)
+    listed: ListedWalk | None = None
 
     def one_cta_per_tile(self, tiles: int) -> bool:
         """Whether every CTA of this walk over ``tiles`` work tiles takes one."""
@@ -145,6 +149,12 @@ class HopperSchedule:
 SECTION_KV_BYTES = 32 << 20
 # Cost of a work tile beside its key tiles, in key tiles (its Q copy, the first K/V's latency, its epilogue).
 WORK_TILE_OVERHEAD = 1.0
+# A persistent masked walk (the snake's sections) serves where the model puts its makespan this far under that of one
+# CTA per tile.
+PERSISTENT_WALK_GAIN = 0.98
+# The snake walk serving a shape takes its listed form (its last rounds dealt out again: work_list.listed_walk) where
+# the model puts that this far under the snake's makespan.
+LISTED_WALK_GAIN = 0.995
 # Masked problems with more work tiles than this take one CTA per tile without consulting the model: its host cost
 # grows with the tiles (about 14 ms at this many, once per shape), and with many rounds the hardware's order is
 # already within a tile of the ideal (every larger shape measured chose it).
@@ -174,9 +184,12 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     - Masked (causal / window), fixed length: persistent with the sectioned order and the snake walk where a model
       of the schedule (each tile weighs the key tiles it sees + ``WORK_TILE_OVERHEAD``) gives a makespan at least
       2 % under that of one CTA per tile (the hardware's next-free-SM order), over sections of 1, 2, 4, ... pairs
-      whose K/V (``pair_kv_bytes`` each) fit ``SECTION_KV_BYTES``; else, and past ``MODELLED_MAX_TILES`` tiles, one CTA per tile. (A fixed stride over the
-      pair-major order can hand one CTA every heaviest tile: d64 at 4k, 22 tiles per pair divide 132 SMs, 1.49x the
-      time; the reversed odd rounds and the section order avoid it.)
+      whose K/V (``pair_kv_bytes`` each) fit ``SECTION_KV_BYTES``; else, and past ``MODELLED_MAX_TILES`` tiles, one
+      CTA per tile. (A fixed stride over the pair-major order can hand one CTA every heaviest tile: d64 at 4k, 22
+      tiles per pair divide 132 SMs, 1.49x the time; the reversed odd rounds and the section order avoid it.) A snake
+      walk takes its listed form (``work_list.listed_walk``: its last rounds' works dealt out again on the host,
+      heaviest first, each to the CTA the model frees first) where that ends ``LISTED_WALK_GAIN`` under it, and the
+      sections are weighed by the walk that runs.
     """
     count = -(-seqlen_q * group // block_m)
     tiles = count * pairs
@@ -298,9 +311,12 @@ def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair
     best, best_time = HopperSchedule(tiles), max(free)
     section = 1
     while section <= pairs and section * pair_kv_bytes <= SECTION_KV_BYTES:
-        time = _snake_makespan(weights, pairs, section, sms)
-        if time < 0.98 * best_time:
-            best, best_time = HopperSchedule(sms, section), time
+        walk, time = HopperSchedule(sms, section), _snake_makespan(weights, pairs, section, sms)
+        listed = listed_walk(tuple(weights), pairs, section, sms)
+        if listed.makespan < LISTED_WALK_GAIN * time:  # its launch falls back to the snake itself
+            walk, time = dataclasses.replace(walk, listed=listed), listed.makespan
+        if time < PERSISTENT_WALK_GAIN * best_time:  # fewer pairs a section (K/V in flight) unless 2 % shorter
+            best, best_time = walk, time
         section *= 2
     return best
 

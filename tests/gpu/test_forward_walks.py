@@ -32,7 +32,8 @@ def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
     """The persistent masked walk (sectioned work order, odd rounds reversed: heuristics.hopper_forward_schedule)
     against one CTA per work tile: every grid size and section (the last one partial, the last round partial) gives
     the same bits, and the one-CTA-per-tile run matches the oracle. GQA, 1050 positions: hundreds of work tiles."""
-    from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape
+    from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape, query_tile_key_tiles
+    from hf_flashpatch.kernels.work_list import ListedWalk, listed_walk
 
     if not forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True,
                                                               dims[1]).wgmma:  # fmt: skip
@@ -53,6 +54,59 @@ def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
     for ctas, section in [(132, 1), (132, 2), (100, 4), (77, 5), (tiles // 2 + 1, 3), (131, 6)]:
         out, lse = launch(HopperSchedule(ctas, section))
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), (ctas, section)
+    # Listed walks (work_list.ListedWalk): the model's for a few grids and sections, and hand-made tables in which
+    # some CTAs have no work and one has most, in orders of no model.
+    weights = tuple(float(n + 1) for n in reversed(query_tile_key_tiles(1050, 1050, 4, shape.block_m, shape.block_n,
+                                                                        left, right)))  # fmt: skip
+    listed = [listed_walk(weights, 6, section, ctas) for ctas, section in ((132, 1), (77, 2), (7, 6))]
+    works = list(range(tiles))
+    for ctas, cut in [(5, (0, 0, tiles - 3, tiles - 1, tiles)), (3, (tiles, tiles, tiles))]:
+        order = works[::-1] if ctas == 5 else works[1::2] + works[::2]
+        listed.append(ListedWalk(ctas, 0.0, 0, (0, *cut) + tuple(order)))
+    for walk in listed:
+        out, lse = launch(HopperSchedule(walk.ctas, 1, listed=walk))
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), walk.table[: walk.ctas + 1]
+
+
+def test_listed_walk_under_cuda_graph_capture():
+    """A listed walk whose table is not on the GPU yet when a CUDA graph captures the launch takes the snake walk
+    (work_list.on_device: no host-to-device copy while capturing); once uploaded, a capture takes the list. Both
+    replays give the eager launch's bits."""
+    from hf_flashpatch.kernels import work_list
+    from hf_flashpatch.kernels.heuristics import HopperSchedule, query_tile_key_tiles
+
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), True)
+    if not shape.wgmma:
+        pytest.skip("the walk is the Hopper body's")
+    torch.manual_seed(5)
+    q = torch.randn(2, 1500, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1500, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 1500, 8, 128, device="cuda", dtype=torch.bfloat16)
+    weights = tuple(float(n + 1) for n in reversed(query_tile_key_tiles(1500, 1500, 1, shape.block_m, shape.block_n,
+                                                                        -1, 0)))  # fmt: skip
+    walk = work_list.listed_walk(weights, 16, 1, 40)
+    schedule = HopperSchedule(40, 1, listed=walk)
+    launch = lambda: forward_module._launch(q, k, v, None, None, None, None, None, True, -1, -1, None,
+                                            schedule=schedule)  # noqa: E731 fmt: skip
+    want_out, want_lse = forward_module._launch(q, k, v, None, None, None, None, None, True, -1, -1, None,
+                                                schedule=HopperSchedule(16 * 12))  # one CTA per tile fmt: skip
+    for uploaded in (False, True):
+        assert ((id(walk.table), q.device.index) in work_list._UPLOADED) == uploaded
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up: the kernel's build, outside the capture, by the snake walk
+            forward_module._launch(q, k, v, None, None, None, None, None, True, -1, -1, None,
+                                   schedule=HopperSchedule(40, 1))  # fmt: skip
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = launch()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), uploaded
+        if not uploaded:
+            launch()  # eager: uploads the table
+            assert (id(walk.table), q.device.index) in work_list._UPLOADED
 
 
 @pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])

@@ -1,0 +1,106 @@
+"""The listed walk of a masked persistent Hopper forward (``FwdParams.work_list``, ``cuda/fwd_geometry.cuh``
+``for_each_work``): the snake walk with its last rounds dealt out again on the host, and the table's upload. Whether a
+launch takes it is the decision room's (``heuristics.hopper_forward_schedule``).
+
+The snake walk (``walk_work``, ``persistent_work``: sections of ``section`` pairs, within one every pair's query tile
+``m_rev`` before any pair's ``m_rev + 1``, rounds of ``ctas`` works, every odd round reversed) gives every CTA the same
+number of works, so its last round leaves the CTAs past its works idle through a whole work. The listed walk keeps the
+snake's rounds but the last ``tail_rounds`` whole ones and the partial one; their works, heaviest first, go each to the
+CTA whose modelled load (a work weighs its key tiles + ``heuristics.WORK_TILE_OVERHEAD``) is least, after its snake
+works. The CTAs running at one time read the same pairs' K/V as in the snake walk.
+
+Works are numbered in the pair-major order: pair ``= kv_head + kv_heads x sequence``, a pair's query tiles heaviest
+(last) first, work ``w = pair x count + m_rev``. The table, int32: ``ctas + 1`` offsets (CTA ``b`` walks entries
+``offsets[b] .. offsets[b + 1] - 1``), then the entries, each a work index, in the order the CTA walks them."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+# The whole rounds before the partial one that the listed walk may deal out again (the model picks the count).
+TAIL_ROUNDS = (1, 2, 3, 4)
+
+
+@dataclass(frozen=True)
+class ListedWalk:
+    """A listed walk over ``ctas`` CTAs: its modelled makespan (in key tiles), the whole rounds it deals out again
+    (``tail_rounds``) and its table (module docstring)."""
+
+    ctas: int
+    makespan: float
+    tail_rounds: int
+    table: tuple[int, ...] = field(repr=False)
+
+
+def snake_order(count: int, pairs: int, section: int) -> list[int]:
+    """The snake walk's works (pair-major indices) in its order: sections of ``section`` pairs, each pair's query
+    tiles heaviest first, every pair's ``m_rev`` before any pair's ``m_rev + 1`` (``persistent_work``)."""
+    order = []
+    for first in range(0, pairs, section):
+        for m_rev in range(count):
+            order.extend(pair * count + m_rev for pair in range(first, min(pairs, first + section)))
+    return order
+
+
+def tailed_snake(weights: tuple[float, ...], pairs: int, section: int, ctas: int,
+                 tail_rounds: int) -> tuple[float, list[list[int]]]:  # fmt: skip
+    """``(makespan, works per CTA)`` of the snake walk whose works past its first ``rounds - tail_rounds`` whole
+    rounds are dealt out again, heaviest first (stable), each to the CTA of least modelled load. ``weights``: a pair's
+    query tiles', heaviest first (``m_rev`` order)."""
+    count = len(weights)
+    order = snake_order(count, pairs, section)
+    head = max(0, len(order) // ctas - tail_rounds) * ctas
+    lists: list[list[int]] = [[] for _ in range(ctas)]
+    load = [0.0] * ctas
+    for i, w in enumerate(order[:head]):
+        walk_round, b = divmod(i, ctas)
+        b = ctas - 1 - b if walk_round % 2 else b  # walk_work: odd rounds reversed
+        lists[b].append(w)
+        load[b] += weights[w % count]
+    free = [(load[b], b) for b in range(ctas)]
+    heapq.heapify(free)
+    for w in sorted(order[head:], key=lambda w: -weights[w % count]):
+        start, b = heapq.heappop(free)
+        heapq.heappush(free, (start + weights[w % count], b))
+        lists[b].append(w)
+    return max(t for t, _ in free), lists
+
+
+def listed_walk(weights: tuple[float, ...], pairs: int, section: int, ctas: int) -> ListedWalk:
+    """The listed walk of the snake walk of ``section`` pairs a section over ``ctas`` CTAs, dealing out again the
+    count of :data:`TAIL_ROUNDS` whose makespan is least (the fewest on a tie; module docstring)."""
+    best = None
+    for tail_rounds in TAIL_ROUNDS:
+        makespan, lists = tailed_snake(weights, pairs, section, ctas, tail_rounds)
+        if best is None or makespan < best[0]:
+            best = makespan, tail_rounds, lists
+    makespan, tail_rounds, lists = best
+    offsets = [0]
+    for cta_works in lists:
+        offsets.append(offsets[-1] + len(cta_works))
+    return ListedWalk(ctas, makespan, tail_rounds, tuple(offsets) + tuple(w for cta in lists for w in cta))
+
+
+# Uploaded tables by (the table object's id, device index). A table stays for the process's life: a captured CUDA
+# graph keeps its address, so freeing it could hand a replay another tensor's memory. One small tensor per masked
+# problem shape (at most 4096 + 133 ints: heuristics.MODELLED_MAX_TILES); the table itself is kept too, so its id is
+# never reused.
+_UPLOADED: dict[tuple[int, int | None], tuple[tuple[int, ...], torch.Tensor]] = {}
+
+
+def on_device(walk: ListedWalk, device: torch.device) -> torch.Tensor | None:
+    """``walk``'s table on ``device`` (int32), uploaded at its first use; None while the current stream is being
+    captured into a CUDA graph and the table is not there yet (a host-to-device copy cannot be captured): that launch
+    takes the snake walk, which computes the same bits."""
+    key = (id(walk.table), device.index)
+    hit = _UPLOADED.get(key)
+    if hit is not None:
+        return hit[1]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    table = torch.tensor(walk.table, dtype=torch.int32, device=device)
+    _UPLOADED[key] = (walk.table, table)
+    return table
