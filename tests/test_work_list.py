@@ -38,8 +38,10 @@ def _snake_walk(count, pairs, section, ctas):
     return lists
 
 
-@pytest.mark.parametrize("seqlen, block_m, pairs, section, ctas", [(2048, 128, 128, 1, 132), (4096, 192, 64, 16, 132),
-                                                                   (1000, 128, 7, 2, 40), (300, 192, 3, 3, 5)])  # fmt: skip
+SHAPES = [(2048, 128, 128, 1, 132), (4096, 192, 64, 16, 132), (1000, 128, 7, 2, 40), (300, 192, 3, 3, 5)]
+
+
+@pytest.mark.parametrize("seqlen, block_m, pairs, section, ctas", SHAPES)
 def test_the_table_keeps_the_snakes_first_rounds_and_deals_every_work_once(seqlen, block_m, pairs, section, ctas):
     weights = _weights(seqlen, block_m)
     count = len(weights)
@@ -107,3 +109,16 @@ def test_the_upload_is_kept_and_refused_while_capturing(monkeypatch):
     fresh = work_list.listed_walk(_weights(700), 3, 1, 4)
     assert work_list.on_device(fresh, torch.device("cuda", 0)) is None  # no copy while a graph captures
     assert (id(fresh.table), 0) not in work_list._UPLOADED
+
+
+@pytest.mark.parametrize("seqlen, block_m, pairs, section", [shape[:4] for shape in SHAPES] + [(16384, 192, 32, 2)])
+def test_the_one_pass_makespan_is_the_tailed_snakes_least(seqlen, block_m, pairs, section):
+    """listed_makespan (one pass, every tail) chooses what tailed_snake gives for each tail: the least makespan, the
+    fewest tail rounds on a tie; listed_walk builds that walk."""
+    weights = _weights(seqlen, block_m)
+    each = {k: work_list.tailed_snake(weights, pairs, section, 132, k)[0] for k in work_list.TAIL_ROUNDS}
+    least = min(each.values())
+    makespan, tail_rounds = work_list.listed_makespan(weights, pairs, section, 132)
+    assert makespan == least and tail_rounds == min(k for k, v in each.items() if v == least)
+    walk = work_list.listed_walk(weights, pairs, section, 132)
+    assert (walk.makespan, walk.tail_rounds) == (makespan, tail_rounds)

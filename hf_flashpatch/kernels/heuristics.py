@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import tail_split
-from .work_list import ListedWalk, listed_walk
+from .work_list import ListedWalk, listed_makespan, listed_walk
 
 # ============================================================================================ forward
 
@@ -308,17 +308,20 @@ def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair
     for _pair in range(pairs):
         for weight in weights:
             heapq.heappush(free, heapq.heappop(free) + weight)
-    best, best_time = HopperSchedule(tiles), max(free)
+    best, best_time, best_tail = HopperSchedule(tiles), max(free), None
     section = 1
     while section <= pairs and section * pair_kv_bytes <= SECTION_KV_BYTES:
-        walk, time = HopperSchedule(sms, section), _snake_makespan(weights, pairs, section, sms)
-        listed = listed_walk(tuple(weights), pairs, section, sms)
-        if listed.makespan < LISTED_WALK_GAIN * time:  # its launch falls back to the snake itself
-            walk, time = dataclasses.replace(walk, listed=listed), listed.makespan
+        time, tail_rounds = _snake_makespan(weights, pairs, section, sms), None
+        listed_time, listed_tail = listed_makespan(tuple(weights), pairs, section, sms)
+        if listed_time < LISTED_WALK_GAIN * time:
+            time, tail_rounds = listed_time, listed_tail
         if time < PERSISTENT_WALK_GAIN * best_time:  # fewer pairs a section (K/V in flight) unless 2 % shorter
-            best, best_time = walk, time
+            best, best_time, best_tail = HopperSchedule(sms, section), time, tail_rounds
         section *= 2
-    return best
+    if best_tail is None:
+        return best
+    # its launch falls back to the snake itself while the table cannot be uploaded
+    return dataclasses.replace(best, listed=listed_walk(tuple(weights), pairs, best.section, sms, best_tail))
 
 
 def _snake_makespan(weights: list[float], pairs: int, section: int, sms: int) -> float:

@@ -69,15 +69,40 @@ def tailed_snake(weights: tuple[float, ...], pairs: int, section: int, ctas: int
     return max(t for t, _ in free), lists
 
 
-def listed_walk(weights: tuple[float, ...], pairs: int, section: int, ctas: int) -> ListedWalk:
-    """The listed walk of the snake walk of ``section`` pairs a section over ``ctas`` CTAs, dealing out again the
-    count of :data:`TAIL_ROUNDS` whose makespan is least (the fewest on a tie; module docstring)."""
-    best = None
-    for tail_rounds in TAIL_ROUNDS:
-        makespan, lists = tailed_snake(weights, pairs, section, ctas, tail_rounds)
-        if best is None or makespan < best[0]:
-            best = makespan, tail_rounds, lists
-    makespan, tail_rounds, lists = best
+def listed_makespan(weights: tuple[float, ...], pairs: int, section: int, ctas: int) -> tuple[float, int]:
+    """``(makespan, tail_rounds)`` of the listed walk of the snake of ``section`` pairs a section: the count of
+    :data:`TAIL_ROUNDS` whose :func:`tailed_snake` makespan is least (the fewest on a tie), in one pass over the
+    snake's rounds (a shape's decision weighs every section by it)."""
+    count = len(weights)
+    order_weights = [weights[w % count] for w in snake_order(count, pairs, section)]
+    whole = len(order_weights) // ctas
+    load = [0.0] * ctas
+    dealt = 0
+    best: tuple[float, int] | None = None
+    for tail_rounds in sorted(TAIL_ROUNDS, reverse=True):  # the snake's loads grow round by round
+        head = max(0, whole - tail_rounds) * ctas
+        for i in range(dealt, head):
+            walk_round, b = divmod(i, ctas)
+            load[ctas - 1 - b if walk_round % 2 else b] += order_weights[i]
+        dealt = head
+        free = [(load[b], b) for b in range(ctas)]
+        heapq.heapify(free)
+        for weight in sorted(order_weights[head:], reverse=True):
+            start, b = heapq.heappop(free)
+            heapq.heappush(free, (start + weight, b))
+        makespan = max(t for t, _ in free)
+        if best is None or makespan <= best[0]:
+            best = makespan, tail_rounds
+    return best
+
+
+def listed_walk(weights: tuple[float, ...], pairs: int, section: int, ctas: int,
+                tail_rounds: int | None = None) -> ListedWalk:  # fmt: skip
+    """The listed walk of the snake walk of ``section`` pairs a section over ``ctas`` CTAs, dealing out again
+    ``tail_rounds`` whole rounds and the partial one (None: :func:`listed_makespan`'s choice; module docstring)."""
+    if tail_rounds is None:
+        tail_rounds = listed_makespan(weights, pairs, section, ctas)[1]
+    makespan, lists = tailed_snake(weights, pairs, section, ctas, tail_rounds)
     offsets = [0]
     for cta_works in lists:
         offsets.append(offsets[-1] + len(cta_works))
