@@ -8,10 +8,11 @@
 ``scripts/shipped_cubins.json`` is the reference written with nvcc 13.0 for the kernels as they ship now
 (parameter structs; the commit 6ce9a50 (the parent of 965306c) and the flat-list commits before them
 have other cubins). Each entry holds the cubin's sha256 and, where ``cuobjdump`` is on PATH (Triton's
-wheel carries one in ``triton/backends/nvidia/bin/``), the sha256 of its SASS. Comparing prefers the SASS:
-equal machine code passes even where the cubin's metadata differs. A change that must not alter the
-kernels compares against the manifest; a change that alters them on purpose (verified on a GPU) rewrites
-it.
+wheel carries one in ``triton/backends/nvidia/bin/``), the sha256 of its SASS, and the manifest the cuobjdump's
+version. Comparing prefers the SASS where both manifests were disassembled by the same cuobjdump: equal machine code
+passes even where the cubin's metadata differs; across cuobjdump versions the cubins' bytes are compared. A change
+that must not alter the kernels compares against the manifest; a change that alters them on purpose (verified on a
+GPU) rewrites it.
 
 A kernel-layer refactor that must not change what runs (deleting unshipped variants, moving the tile
 choice) is proven harmless on the CPU by identical cubins (or SASS) for every problem the default dispatch
@@ -197,6 +198,15 @@ def _nvcc_version() -> str:
     return build.nvcc_version(nvcc).splitlines()[-1]
 
 
+def _cuobjdump_version() -> str | None:
+    """The cuobjdump that disassembles the SASS digests (its version line), None without one: another version may
+    print the same machine code otherwise, so digests of two versions do not compare."""
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump is None:
+        return None
+    return subprocess.run([cuobjdump, "--version"], check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+
+
 def _sass_digest(cubin: bytes) -> str | None:
     """sha256 of the cubin's disassembled machine code (``cuobjdump -sass``), None without cuobjdump. Two
     cubins with equal SASS run the same instructions on the same parameter offsets; what can still differ
@@ -236,8 +246,10 @@ def manifest(jobs: int) -> dict:
         os.environ["HF_FLASHPATCH_CACHE"] = cache
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             digests = dict(zip(distinct, pool.map(_digest, distinct)))
+    cuobjdump = _cuobjdump_version()
     return {
         "nvcc": _nvcc_version(),
+        **({"cuobjdump": cuobjdump} if cuobjdump else {}),
         "distinct_builds": len(distinct),
         "builds": {
             key: {**digests[b], "source": b.source, "defines": " ".join(f"{n}={v}" for n, v in b.defines)}
@@ -251,11 +263,15 @@ def compare(old: dict, new: dict) -> list[str]:
     lines = []
     if old["nvcc"] != new["nvcc"]:
         lines.append(f"nvcc differs: {old['nvcc']!r} vs {new['nvcc']!r} (sha256s are not comparable)")
+    sass_comparable = old.get("cuobjdump") == new.get("cuobjdump")
+    if not sass_comparable:
+        lines.append(f"cuobjdump differs: {old.get('cuobjdump')!r} vs {new.get('cuobjdump')!r} (the cubins' bytes are "
+                     "compared, not their SASS)")  # fmt: skip
     for key in sorted(set(old["builds"]) | set(new["builds"])):
         a, b = old["builds"].get(key), new["builds"].get(key)
         if a is None or b is None:
             lines.append(f"{key}: only in the {'new' if a is None else 'old'} manifest")
-        elif "sass" in a and "sass" in b:  # same machine code is the claim; metadata may differ
+        elif sass_comparable and "sass" in a and "sass" in b:  # same machine code is the claim; metadata may differ
             if a["sass"] != b["sass"]:
                 lines.append(f"{key}: SASS changed ({a['source']} {a['defines']} -> {b['source']} {b['defines']})")
         elif a["sha256"] != b["sha256"]:
@@ -265,6 +281,8 @@ def compare(old: dict, new: dict) -> list[str]:
 
 def metadata_only(old: dict, new: dict) -> list[str]:
     """Problems whose SASS is equal but whose cubin bytes are not (parameter metadata, section layout)."""
+    if old.get("cuobjdump") != new.get("cuobjdump"):
+        return []
     return sorted(key for key in set(old["builds"]) & set(new["builds"])
                   if old["builds"][key].get("sass") and old["builds"][key].get("sass") == new["builds"][key].get("sass")
                   and old["builds"][key]["sha256"] != new["builds"][key]["sha256"])  # fmt: skip
