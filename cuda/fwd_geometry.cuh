@@ -64,9 +64,9 @@ struct FwdParams {
   int tail_parts;
   float* __restrict__ partials;
   int* __restrict__ part_counters;
-  // Masked persistent walks: the host's list of each CTA's works (heuristics.masked_work_list), nullptr for the snake
-  // walk (walk_work). work_list[b] .. work_list[b + 1] - 1 index CTA b's works in work_list[gridDim.x + 1 + i], each a
-  // work index of the pair-major order (persistent_work with work_section 0), in the order the CTA walks them.
+  // Masked persistent walks: the host's list of each CTA's works (hf_flashpatch/kernels/work_list.py), nullptr for the
+  // snake walk (walk_work). work_list[b] .. work_list[b + 1] - 1 index CTA b's works in work_list[gridDim.x + 1 + i],
+  // each a work index of the pair-major order (persistent_work with work_section 0), in the order the CTA walks them.
   const int* __restrict__ work_list;
 };
 
