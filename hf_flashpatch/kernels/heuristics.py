@@ -156,7 +156,7 @@ PERSISTENT_WALK_GAIN = 0.98
 # the model puts that this far under the snake's makespan.
 LISTED_WALK_GAIN = 0.995
 # Masked problems with more work tiles than this take one CTA per tile without consulting the model: its host cost
-# grows with the tiles (about 14 ms at this many, once per shape), and with many rounds the hardware's order is
+# grows with the tiles (about 20 ms at this many, once per shape), and with many rounds the hardware's order is
 # already within a tile of the ideal (every larger shape measured chose it).
 MODELLED_MAX_TILES = 4096
 
