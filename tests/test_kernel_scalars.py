@@ -241,7 +241,7 @@ def test_leading_rows_move_the_short_tile_first():
 def test_hopper_forward_schedule_decisions():
     """The decision room's choices for the Hopper forward's grid, from its schedule model: persistent and balanced
     where the model finds a walk 2 % under one CTA per tile, K/V of a section within the L2 budget."""
-    from hf_flashpatch.kernels import heuristics
+    from hf_flashpatch.kernels import heuristics, work_list
 
     def schedule(seqlen, block_m, pairs, left=-1, right=0, varlen=False, kv_bytes=1 << 20):
         return heuristics.hopper_forward_schedule(seqlen, seqlen, 1, block_m, 128, left, right, pairs, 132, varlen,
@@ -269,7 +269,7 @@ def test_hopper_forward_schedule_decisions():
     assert schedule(16384, 128, 16).one_cta_per_tile(128 * 16) and schedule(512, 128, 8).one_cta_per_tile(32)
     # the model: the snake deals 2k causal tiles (section 1: pair-major) out within 3.2 % of the ideal makespan
     ideal = sum(weights) * 128 / 132
-    assert heuristics._snake_makespan(weights, 128, 1, 132) / ideal < 1.032
+    assert work_list.snake_makespan(weights, 128, 1, 132) / ideal < 1.032
 
 
 @pytest.mark.parametrize("window", [(-1, 0), (300, 0), (200, 37), (0, 0), (5, -1)], ids=str)

@@ -57,7 +57,7 @@ def test_the_table_keeps_the_snakes_first_rounds_and_deals_every_work_once(seqle
         assert [weights[w % count] for w in tail] == sorted((weights[w % count] for w in tail), reverse=True)
     loads = [sum(weights[w % count] for w in cta) for cta in _lists(walk)]
     assert max(loads) == walk.makespan
-    assert heuristics._snake_makespan(list(weights), pairs, section, ctas) == max(
+    assert work_list.snake_makespan(list(weights), pairs, section, ctas) == max(
         sum(weights[w % count] for w in cta) for cta in snake)  # the decision room's model of the same snake
 
 
@@ -70,7 +70,7 @@ def test_the_listed_walk_ends_within_a_light_work_of_the_ideal():
         weights = _weights(seqlen, block_m)
         ideal = sum(weights) * pairs / 132
         walk = work_list.listed_walk(weights, pairs, section, 132)
-        snake = heuristics._snake_makespan(list(weights), pairs, section, 132)
+        snake = work_list.snake_makespan(list(weights), pairs, section, 132)
         assert walk.makespan < 1.01 * ideal and walk.makespan < snake, seqlen
         assert walk.tail_rounds in work_list.TAIL_ROUNDS
         if block_m == 128:

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import tail_split
-from .work_list import ListedWalk, listed_makespan, listed_walk
+from .work_list import ListedWalk, listed_makespan, listed_walk, snake_makespan
 
 # ============================================================================================ forward
 
@@ -311,7 +311,7 @@ def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair
     best, best_time, best_tail = HopperSchedule(tiles), max(free), None
     section = 1
     while section <= pairs and section * pair_kv_bytes <= SECTION_KV_BYTES:
-        time, tail_rounds = _snake_makespan(weights, pairs, section, sms), None
+        time, tail_rounds = snake_makespan(weights, pairs, section, sms), None
         listed_time, listed_tail = listed_makespan(tuple(weights), pairs, section, sms)
         if listed_time < LISTED_WALK_GAIN * time:
             time, tail_rounds = listed_time, listed_tail
@@ -322,20 +322,6 @@ def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair
         return best
     # its launch falls back to the snake itself while the table cannot be uploaded
     return dataclasses.replace(best, listed=listed_walk(tuple(weights), pairs, best.section, sms, best_tail))
-
-
-def _snake_makespan(weights: list[float], pairs: int, section: int, sms: int) -> float:
-    """The largest load of the ``sms`` CTAs of the sectioned order dealt out by the snake walk (see above)."""
-    load = [0.0] * sms
-    w = 0
-    for first in range(0, pairs, section):
-        here = min(section, pairs - first)
-        for weight in weights:  # within a section: every pair's tile m_rev, then m_rev + 1, ...
-            for _ in range(here):
-                round_, b = divmod(w, sms)
-                load[sms - 1 - b if round_ % 2 else b] += weight
-                w += 1
-    return max(load)
 
 
 def mma_tile_shape(head_dim: int) -> TileShape:

@@ -45,6 +45,38 @@ def snake_order(count: int, pairs: int, section: int) -> list[int]:
     return order
 
 
+def _snake_ctas(works: int, ctas: int) -> list[int]:
+    """The CTA that takes each of the snake walk's first ``works`` works (``walk_work``: rounds of ``ctas``, odd
+    rounds reversed)."""
+    taking: list[int] = []
+    for walk_round in range(-(-works // ctas)):
+        taking.extend(range(ctas - 1, -1, -1) if walk_round % 2 else range(ctas))
+    return taking[:works]
+
+
+def snake_makespan(weights: tuple[float, ...] | list[float], pairs: int, section: int, ctas: int) -> float:
+    """The largest modelled load of the ``ctas`` CTAs of the snake walk of ``section`` pairs a section."""
+    count = len(weights)
+    order = snake_order(count, pairs, section)
+    load = [0.0] * ctas
+    for b, w in zip(_snake_ctas(len(order), ctas), order):
+        load[b] += weights[w % count]
+    return max(load)
+
+
+def _longest_first(load: list[float], weights: list[float]) -> tuple[float, list[int]]:
+    """``(makespan, the CTA of each)``: each of ``weights`` (heaviest first) in turn to the CTA of least ``load``
+    (the lowest index on a tie), on top of the loads given."""
+    free = [(load[b], b) for b in range(len(load))]
+    heapq.heapify(free)
+    ctas_taking = []
+    for weight in weights:
+        start, b = heapq.heappop(free)
+        heapq.heappush(free, (start + weight, b))
+        ctas_taking.append(b)
+    return max(t for t, _ in free), ctas_taking
+
+
 def tailed_snake(weights: tuple[float, ...], pairs: int, section: int, ctas: int,
                  tail_rounds: int) -> tuple[float, list[list[int]]]:  # fmt: skip
     """``(makespan, works per CTA)`` of the snake walk whose works past its first ``rounds - tail_rounds`` whole
@@ -55,18 +87,14 @@ def tailed_snake(weights: tuple[float, ...], pairs: int, section: int, ctas: int
     head = max(0, len(order) // ctas - tail_rounds) * ctas
     lists: list[list[int]] = [[] for _ in range(ctas)]
     load = [0.0] * ctas
-    for i, w in enumerate(order[:head]):
-        walk_round, b = divmod(i, ctas)
-        b = ctas - 1 - b if walk_round % 2 else b  # walk_work: odd rounds reversed
+    for b, w in zip(_snake_ctas(head, ctas), order):
         lists[b].append(w)
         load[b] += weights[w % count]
-    free = [(load[b], b) for b in range(ctas)]
-    heapq.heapify(free)
-    for w in sorted(order[head:], key=lambda w: -weights[w % count]):
-        start, b = heapq.heappop(free)
-        heapq.heappush(free, (start + weights[w % count], b))
+    tail = sorted(order[head:], key=lambda w: -weights[w % count])
+    makespan, ctas_taking = _longest_first(load, [weights[w % count] for w in tail])
+    for w, b in zip(tail, ctas_taking):
         lists[b].append(w)
-    return max(t for t, _ in free), lists
+    return makespan, lists
 
 
 def listed_makespan(weights: tuple[float, ...], pairs: int, section: int, ctas: int) -> tuple[float, int]:
@@ -76,21 +104,16 @@ def listed_makespan(weights: tuple[float, ...], pairs: int, section: int, ctas: 
     count = len(weights)
     order_weights = [weights[w % count] for w in snake_order(count, pairs, section)]
     whole = len(order_weights) // ctas
+    taking = _snake_ctas(len(order_weights), ctas)
     load = [0.0] * ctas
     dealt = 0
     best: tuple[float, int] | None = None
     for tail_rounds in sorted(TAIL_ROUNDS, reverse=True):  # the snake's loads grow round by round
         head = max(0, whole - tail_rounds) * ctas
         for i in range(dealt, head):
-            walk_round, b = divmod(i, ctas)
-            load[ctas - 1 - b if walk_round % 2 else b] += order_weights[i]
+            load[taking[i]] += order_weights[i]
         dealt = head
-        free = [(load[b], b) for b in range(ctas)]
-        heapq.heapify(free)
-        for weight in sorted(order_weights[head:], reverse=True):
-            start, b = heapq.heappop(free)
-            heapq.heappush(free, (start + weight, b))
-        makespan = max(t for t, _ in free)
+        makespan = _longest_first(load, sorted(order_weights[head:], reverse=True))[0]
         if best is None or makespan <= best[0]:
             best = makespan, tail_rounds
     return best
