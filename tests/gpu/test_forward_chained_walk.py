@@ -49,7 +49,8 @@ def _launch(q, k, v, shape, launched, monkeypatch):
 
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads): many works a CTA, one key tile, a key tile of one key, partial query
-# tiles, GQA groups that divide 16 (boxes) and one that does not (3: the work-by-work walk), more keys than queries.
+# tiles, GQA groups that divide 16 (boxes) and one that does not (3: the work-by-work walk), more keys than queries,
+# more query tiles a pair than CTAs (a round of the walk within one pair).
 CASES = {
     "8x2k-mha": (8, 2048, 2048, 16, 16),
     "gqa4-partial": (1, 1000, 1000, 8, 2),
@@ -60,6 +61,7 @@ CASES = {
     "g16-1023": (2, 1023, 1023, 32, 2),
     "q300-k1000": (3, 300, 1000, 8, 8),
     "g3-no-boxes": (2, 250, 250, 6, 2),
+    "g16-256-tiles": (2, 2048, 2048, 16, 1),
 }
 
 
