@@ -6,7 +6,7 @@ import pytest
 import torch
 from launch_recorder import RecordingKernel
 
-from hf_flashpatch.kernels import forward
+from hf_flashpatch.kernels import forward, tma
 from hf_flashpatch.kernels.heuristics import CHAINED_WALK_MAX_KEYS, chained_walk_serves
 
 
@@ -26,7 +26,7 @@ def builds(monkeypatch):
     monkeypatch.setattr(forward, "get_kernel", get_kernel)
     monkeypatch.setattr(forward, "aligned", lambda t: t)
     monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))
     return built
 
 
@@ -77,7 +77,7 @@ def test_chained_walk_loads_q_by_warp_boxes(builds, monkeypatch):
         maps.append((t.shape, rows, box_heads))
         return bytes(128)
 
-    monkeypatch.setattr(forward.tma, "descriptor", descriptor)
+    monkeypatch.setattr(tma, "descriptor", descriptor)
     _launch(8, 2048, 2048, 16, 4)  # group 4
     assert builds[-1].get("CHAINED_WALK") == "1"
     q_maps = [(rows, heads) for shape, rows, heads in maps if shape[2] == 16]  # q's and out's (16 heads)
@@ -85,12 +85,12 @@ def test_chained_walk_loads_q_by_warp_boxes(builds, monkeypatch):
 
     def refuse_q(t, rows, box_heads=1):
         if t.shape[2] == 16 and t.data_ptr() == refuse_q.q_ptr:
-            raise forward.tma.TmaUnsupported("q refused here")
+            raise tma.TmaUnsupported("q refused here")
         return bytes(128)
 
     q = torch.zeros(8, 2048, 16, 128, dtype=torch.bfloat16)
     kv = torch.zeros(8, 2048, 4, 128, dtype=torch.bfloat16)
     refuse_q.q_ptr = q.data_ptr()
-    monkeypatch.setattr(forward.tma, "descriptor", refuse_q)
+    monkeypatch.setattr(tma, "descriptor", refuse_q)
     forward._launch(q, kv, kv, None, None, None, None, None, False, -1, -1, None)
     assert "CHAINED_WALK" not in builds[-1] and builds[-1]["BLOCK_N"] == "160"

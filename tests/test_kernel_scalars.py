@@ -15,7 +15,7 @@ import struct
 import pytest
 import torch
 
-from hf_flashpatch.kernels import backward, decode, forward
+from hf_flashpatch.kernels import backward, decode, forward, tma
 from launch_recorder import RecordingKernel
 
 LOG2E = 1.4426950408889634
@@ -73,7 +73,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(forward, "sm_count", lambda device: 132)
     monkeypatch.setattr(decode, "device_arch", lambda device: "sm_90a")
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))  # the Hopper body's maps (no driver)
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))  # the Hopper body's maps (no driver)
     monkeypatch.setattr(backward.tma, "reduce_descriptor", lambda t: bytes(128))  # and the backward's maps
     monkeypatch.setattr(backward.tma, "stats_descriptor", lambda t, rows: bytes(128))
     monkeypatch.setattr(forward.ForwardConfig, "build", lambda self, arch="sm_90a": None)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from launch_recorder import RecordingKernel
 
-from hf_flashpatch.kernels import forward
+from hf_flashpatch.kernels import forward, tma
 from hf_flashpatch.kernels.heuristics import (CHAINED_WALK_MAX_KEYS, SPLIT_CHAIN_KEYS, SPLIT_TAIL_MIN_SAVED_TILES,
                                              split_chain_serves, split_tail_parts)
 from hf_flashpatch.kernels.tail_split import max_parts, tail_pieces
@@ -70,7 +70,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(forward, "get_kernel", get_kernel)
     monkeypatch.setattr(forward, "aligned", lambda t: t)
     monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))
 
     def launch(batch, seqlen, heads, causal=False):
         q = k = v = torch.zeros(batch, seqlen, heads, 128, dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import torch
 
-from hf_flashpatch.kernels import forward, tma
+from hf_flashpatch.kernels import forward, forward_maps, tma
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
 from hf_flashpatch.kernels.cubin_symbols import first_parameter_offset
 from hf_flashpatch.kernels.sources import kernel_signature
@@ -152,10 +152,10 @@ def test_no_keys_need_no_map_and_an_unmappable_copy_is_refused_by_name(monkeypat
 
     monkeypatch.setattr(tma, "descriptor", refuse)
     empty = torch.empty(2, 0, 4, 128, dtype=torch.bfloat16)
-    assert forward._tensor_maps(config, empty, empty)[2:] == (tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR)
+    assert forward_maps.kv_maps(config, empty, empty)[2:] == (tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR)
     k = torch.empty(2, 30, 4, 128, dtype=torch.bfloat16)
     with pytest.raises(KernelUnsupported, match=r"cannot map k/v for the TMA: refused \(2, 30, 4, 128\)"):
-        forward._tensor_maps(config, k, k)
+        forward_maps.kv_maps(config, k, k)
 
 
 def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group_divides_16(monkeypatch):
@@ -171,14 +171,14 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
     encoded = []
     monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: encoded.append((rows, box_heads)) or b"o" * 128)
     for group in (1, 2, 4, 8, 16):
-        assert forward._output_map(boxes, out, group, varlen=False) == (b"o" * 128, group)
+        assert forward_maps.output_map(boxes, out, group, varlen=False) == (b"o" * 128, group)
         assert encoded[-1] == (16 // group, group)
     calls = len(encoded)
     for group in (3, 6, 32):
-        assert forward._output_map(boxes, out, group, varlen=False) == (tma.NO_DESCRIPTOR, 0)
-    assert forward._output_map(boxes, out[0], 2, varlen=True) == (tma.NO_DESCRIPTOR, 0)
-    assert forward._output_map(masked, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
-    assert forward._output_map(ampere, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+        assert forward_maps.output_map(boxes, out, group, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(boxes, out[0], 2, varlen=True) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(masked, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(ampere, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     with pytest.raises(ValueError, match="the output boxes with the Q rows copied, not staged"):
         dataclasses.replace(masked, tma_output=True)  # masked d128: Q by the TMA
     with pytest.raises(ValueError, match="the output boxes and the K/V multicast are the wgmma body.s"):
@@ -189,7 +189,7 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
         raise tma.TmaUnsupported("refused here")
 
     monkeypatch.setattr(tma, "descriptor", refuse)
-    assert forward._output_map(boxes, out, 4, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(boxes, out, 4, varlen=False) == (tma.NO_DESCRIPTOR, 0)
 
 
 def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(monkeypatch):
@@ -205,13 +205,13 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
     encoded = []
     monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: encoded.append((rows, box_heads)) or b"m" * 128)
     for group in (1, 2, 4, 8, 16, 32, 64):
-        assert forward._query_map(hopper, q, group) == (b"m" * 128, group)
+        assert forward_maps.query_map(hopper, q, group) == (b"m" * 128, group)
         assert encoded[-1] == (64 // group, group)
     calls = len(encoded)
     for group in (3, 5, 6, 7, 12):
-        assert forward._query_map(hopper, q, group) == (tma.NO_DESCRIPTOR, 0)
-    assert forward._query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
-    assert forward._query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+        assert forward_maps.query_map(hopper, q, group) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.query_map(ampere, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
+    assert forward_maps.query_map(copying, q, 4) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
     for field in ("q_by_tma", "own_key_tiles", "staged_output", "chained_walk", "warpgroup_turns"):  # mma.sync: none
         with pytest.raises(ValueError, match="Q by the TMA, own key tiles, the staged output, the output boxes and the K/V multicast are the wgmma body's"):
             dataclasses.replace(ampere, **{field: True})
@@ -225,4 +225,4 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
         raise tma.TmaUnsupported("refused here")
 
     monkeypatch.setattr(tma, "descriptor", refuse)
-    assert forward._query_map(hopper, q, 4) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.query_map(hopper, q, 4) == (tma.NO_DESCRIPTOR, 0)

@@ -16,7 +16,7 @@ import torch
 
 import hf_flashpatch as hfp
 from hf_flashpatch import api
-from hf_flashpatch.kernels import backward_torch, decode, forward, forward_torch
+from hf_flashpatch.kernels import backward_torch, decode, forward, forward_torch, tma
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.reference import attention_reference, normalize_window, varlen_attention_reference
 from hf_flashpatch.sinks import add_sinks
@@ -234,7 +234,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
                         or RecordingKernel(entry, launched))  # fmt: skip
     monkeypatch.setattr(forward, "aligned", lambda t: t)
     mapped = []  # the tensor maps of K, V and Q (no driver here): (tensor, box rows, box heads)
-    monkeypatch.setattr(forward.tma, "descriptor", lambda t, rows, box_heads=1: mapped.append((t, rows, box_heads))
+    monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: mapped.append((t, rows, box_heads))
                         or bytes([len(mapped)]) * 128)  # fmt: skip
     q, k, v = (t.bfloat16() for t in random_qkv(seqlen_q=70, seqlen_k=70, dims=(192, 128)))
     with pytest.raises(KernelUnsupported, match="one CUDA device"):  # the pair passes the head-dim check
@@ -249,7 +249,7 @@ def test_forward_launch_at_a_native_pair(monkeypatch):
     assert [(t.shape, rows, heads) for t, rows, heads in mapped[:1]] == [((2, 70, 4, 128), 8, 2)]
     assert [(t is k, t is v, rows, heads) for t, rows, heads in mapped[1:]] == [(True, False, 64, 1), (False, True, 64, 1)]
     # FwdParams.k_tma, v_tma, q_tma, o_tma
-    assert args[:4] == (bytes([2]) * 128, bytes([3]) * 128, forward.tma.NO_DESCRIPTOR, bytes([1]) * 128)
+    assert args[:4] == (bytes([2]) * 128, bytes([3]) * 128, tma.NO_DESCRIPTOR, bytes([1]) * 128)
     # FwdParams.q_box_heads, o_box_heads, leading_rows: none with output boxes (140 packed rows on 128-row tiles would
     # lead by one 64-row warpgroup, but a box before the sequence faults the TMA)
     assert args[-7:] == (0, 2, 0, 0, None, None, None)  # the split round's: none (not the chained walk), no list

@@ -40,9 +40,10 @@ from typing import Optional, Tuple
 import torch
 
 from ..errors import KernelUnsupported
-from . import forward_torch, tail_split, tma, work_list
+from . import forward_torch, tail_split, work_list
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
 from .build import KernelBuild, device_arch, get_kernel, sm_count
+from .forward_maps import kv_maps, output_map, packed_rows_map, query_map
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chain_form,
                          clustered_schedule, forward_tile_shape, hopper_forward_schedule, leading_rows,
                          native_value_head_dim, padding_head_dims, split_tail_parts)
@@ -255,51 +256,6 @@ def needs_padding(q: torch.Tensor, v: torch.Tensor) -> bool:
     return q.shape[-1] not in padding_head_dims(SUPPORTED_HEAD_DIMS, arch_of(q))
 
 
-def _packed_rows_map(wanted: bool, t: torch.Tensor, rows: int, group: int) -> tuple[bytes, int]:
-    """``(map, box_heads)`` for boxes of ``rows`` packed rows of ``t`` (``group`` heads x ``rows // group``
-    positions, the heads fastest), or ``(NO_DESCRIPTOR, 0)`` when not ``wanted``, when ``group`` does not divide
-    ``rows``, for an empty ``t`` and for a layout the driver cannot map."""
-    if not wanted or rows % group or t.numel() == 0:
-        return tma.NO_DESCRIPTOR, 0
-    try:
-        return tma.descriptor(t, rows // group, box_heads=group), group
-    except tma.TmaUnsupported:
-        return tma.NO_DESCRIPTOR, 0
-
-
-def _query_map(config: ForwardConfig, q: torch.Tensor, group: int) -> tuple[bytes, int]:
-    """``(q_tma, q_box_heads)``: the tensor map the Hopper body's producer loads each math warpgroup's 64 packed
-    query rows with (``group`` heads x ``64 // group`` positions a box), and the heads a box holds, for a
-    config with ``q_by_tma`` (``heuristics.HOPPER_SHAPES``). Other configs, a group that does not divide 64 (say
-    3, 5 or 7) and a layout the driver cannot map get ``(NO_DESCRIPTOR, 0)``: the math warps then copy their rows
-    themselves (``cuda/fwd_hopper_ws.cu``)."""
-    return _packed_rows_map(config.q_by_tma, q, 64, group)
-
-
-def _output_map(config: ForwardConfig, out: torch.Tensor, group: int, varlen: bool) -> tuple[bytes, int]:
-    """``(o_tma, o_box_heads)``: the tensor map each math warp of a config with ``tma_output`` stores its 16 packed
-    output rows with (``group`` heads x ``16 // group`` positions a box), and the heads a box holds. Varlen problems
-    (a box could cross into the next sequence), a group that does not divide 16 and other configs get
-    ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves."""
-    return _packed_rows_map(config.tma_output and not varlen, out, 16, group)
-
-
-def _tensor_maps(config: ForwardConfig, k: torch.Tensor, v: torch.Tensor):
-    """``(k, v, k_tma, v_tma)``: the tensor maps the Hopper body streams K and V with (empty for the mma.sync
-    body). A layout the driver cannot map (a broadcast head, say) is read from contiguous copies."""
-    if not config.wgmma or k.numel() == 0:  # no keys: the kernel issues no copy (and a map cannot be empty)
-        return k, v, tma.NO_DESCRIPTOR, tma.NO_DESCRIPTOR
-    rows = config.block_n // config.kv_cluster  # a CTA's share of each tile (all of it without the multicast)
-    try:
-        return k, v, tma.descriptor(k, rows), tma.descriptor(v, rows)
-    except tma.TmaUnsupported:
-        k, v = k.contiguous(), v.contiguous()
-    try:
-        return k, v, tma.descriptor(k, rows), tma.descriptor(v, rows)
-    except tma.TmaUnsupported as exc:  # the torch fallback serves the call
-        raise KernelUnsupported(f"the Hopper forward cannot map k/v for the TMA: {exc}") from exc
-
-
 # --------------------------------------------------------------------------------------- launch
 
 
@@ -391,18 +347,18 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                                       clustered.kv_cluster, clustered.threads))  # fmt: skip
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
             config = dataclasses.replace(config, kv_cluster=1)
-    o_tma, o_box_heads = _output_map(config, out, group, varlen)
+    o_tma, o_box_heads = output_map(config, out, group, varlen)
     if config.chained_walk:
         config = chain_form(config, seqlen_k, o_box_heads > 0, m_blocks * kv_heads * num_seqs, grid[0])
-    q_tma, q_box_heads = _query_map(config, q, group)
+    q_tma, q_box_heads = query_map(config, q, group)
     if config.chained_walk:  # each warp loads its next 16 Q rows by the output boxes' geometry
-        chain_q_tma, chain_q_box_heads = _packed_rows_map(True, q, 16, group)
+        chain_q_tma, chain_q_box_heads = packed_rows_map(True, q, 16, group)
         if chain_q_box_heads:
             q_tma, q_box_heads = chain_q_tma, chain_q_box_heads
         else:  # a q the driver cannot map: the same tiles work by work (the same bits)
             config = dataclasses.replace(config, chained_walk=False, split_tail=False)
     kernel = get_kernel(config.build(arch), config.entry, q.device)
-    k, v, k_tma, v_tma = _tensor_maps(config, k, v)
+    k, v, k_tma, v_tma = kv_maps(config, k, v)
     # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
     # (the sequences' lengths are not known here) nor with output boxes (a box at a row before the sequence, a
     # negative coordinate, faults the TMA: an illegal instruction, measured).

@@ -292,7 +292,7 @@ def chain_form(config, seqlen_k: int, output_boxes: bool, works: int, ctas: int)
 
 def chained_walk_serves(seqlen_k: int, output_boxes: bool) -> bool:
     """Whether a launch of a shape with ``chained_walk`` runs the chained walk: its works store by output boxes
-    (batched, a group dividing 16: ``forward._output_map``), each sees a key, and they see at most
+    (batched, a group dividing 16: ``forward_maps.output_map``), each sees a key, and they see at most
     :data:`CHAINED_WALK_MAX_KEYS` keys."""
     return output_boxes and 0 < seqlen_k <= CHAINED_WALK_MAX_KEYS
 

@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("pycuda")
 
 from hf_flashpatch.kernels import forward as forward_module  # noqa: E402
+from hf_flashpatch.kernels import tma  # noqa: E402
 from hf_flashpatch.kernels.build import device_arch  # noqa: E402
 from hf_flashpatch.kernels.heuristics import forward_tile_shape  # noqa: E402
 from hf_flashpatch.reference import attention_reference  # noqa: E402
@@ -174,7 +175,7 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
     q = torch.randn(sum(seqlens), n_heads, d, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(sum(seqlens), n_kv, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(sum(seqlens), n_kv, d_v, device="cuda", dtype=torch.bfloat16)
-    real_query_map = forward_module._query_map
+    real_query_map = forward_module.query_map
     heads_per_box = []
 
     def recording(config, q_, group_):
@@ -183,7 +184,7 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
         return found
 
     def copied_by_the_math_warps(config, q_, group_):
-        return forward_module.tma.NO_DESCRIPTOR, 0
+        return tma.NO_DESCRIPTOR, 0
 
     masked = left >= 0 or right >= 0
     shape = dataclasses.replace(forward_tile_shape(d, "sm_90a", masked, d_v), q_by_tma=True, kv_cluster=1,
@@ -197,9 +198,9 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
                                       None, False, left, right, None, shape=shape)  # fmt: skip
 
     for varlen in (False, True):
-        monkeypatch.setattr(forward_module, "_query_map", recording)
+        monkeypatch.setattr(forward_module, "query_map", recording)
         out, lse = launch(varlen)
-        monkeypatch.setattr(forward_module, "_query_map", copied_by_the_math_warps)
+        monkeypatch.setattr(forward_module, "query_map", copied_by_the_math_warps)
         want, want_lse = launch(varlen)
         assert heads_per_box[-1] == (group if 64 % group == 0 else 0), heads_per_box
         assert torch.equal(out, want) and torch.equal(lse, want_lse), (varlen, group)
@@ -269,14 +270,14 @@ def test_output_boxes_equal_the_threads_stores(monkeypatch, case, dims):
     k = torch.randn(batch, seqlen, kv_heads, d, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(batch, seqlen, kv_heads, d_v, device="cuda", dtype=torch.bfloat16)
     boxes = []
-    real_output_map = forward_module._output_map
+    real_output_map = forward_module.output_map
 
     def recording(config, out, group_, varlen):
         found = real_output_map(config, out, group_, varlen)
         boxes.append(found[1])
         return found
 
-    monkeypatch.setattr(forward_module, "_output_map", recording)
+    monkeypatch.setattr(forward_module, "output_map", recording)
     launch = lambda tile_shape: forward_module._launch(q, k, v, None, None, None, None, None, False, -1, -1, None,
                                                        shape=tile_shape)  # noqa: E731 fmt: skip
     out, lse = launch(shape)
