@@ -54,6 +54,7 @@ __device__ __forceinline__ void copy_warp_query_rows(uint32_t q_tile, const hfp:
 __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hfp::fwd::OnlineSoftmax<1> softmax,
                                                    const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                                    int warp_row0, int lane, uint32_t staging) {
+  const int group_shift = __ffs(tile.group) - 1;  // output boxes run where the group divides 16: a power of two
   constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of a Q tile
   const int g = lane >> 2, t = lane & 3;
   float inv_sum[1][2], row_lse[1][2];
@@ -66,13 +67,13 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 #pragma unroll
   for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
     hfp::tma::store_box_if(lane == 0, p.o_tma, staging + sub * kBlockBytes, sub * 64, tile.kv_head * tile.group,
-                           first / tile.group, tile.batch);
+                           first >> group_shift, tile.batch);
   hfp::tma::bulk_commit();  // every lane: the others' groups are empty
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int packed = first + h * 8 + g;
-    const int pos = tile.group == 1 ? packed : packed / tile.group;
-    const int head = packed - pos * tile.group;
+    const int pos = packed >> group_shift;
+    const int head = packed - (pos << group_shift);
     float* const lse = p.lse + tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
                        tile.span.q_token0 + pos;
     if (t == 0 && packed < tile.packed_rows) *lse = row_lse[0][h];
@@ -161,14 +162,18 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   auto values_parity = [&](uint32_t r) { return (r / KV_STAGES) & 1; };
   auto keys_released = [&](uint32_t r) { return k_empty_bars + 8 * (r % KV_STAGES); };  // ring tile r's K slot
   auto values_released = [&](uint32_t r) { return v_empty_bars + 8 * (r % KV_STAGES); };
-  // Set at each work's start: the step that loads the next work's Q rows (-1: no next work).
+  // Set at each work's start: the step that loads the next work's Q rows (-1: no next work), the next work's tile
+  // and its Q boxes' origin (this warp's). A work's tile is computed once, here, and kept for its steps and its
+  // store: each computation is a chain of integer divisions in the boundary, where no product runs beside it.
   int copy_step = -1;
-  struct { int head0, position, batch; } next_box = {0, 0, 0};  // the next work's Q boxes' origin (this warp's)
+  hfp::fwd::QueryTile next_tile = tile, done_tile = tile;  // the next work's; the work before's, until it is stored
+  struct { int head0, position, batch; } next_box = {0, 0, 0};
+  const int group_shift = __ffs(p.group) - 1;  // output boxes run where the group divides 16: a power of two
   auto start_work = [&]() {
     copy_step = has_work(round + 1) ? min(1, tile.keys.num_tiles - 1) : -1;
     if (copy_step >= 0) {
-      const hfp::fwd::QueryTile next = chain_work(p, round + 1);
-      next_box = {next.kv_head * next.group, (next.p0 + warp_row0) / next.group, next.batch};
+      next_tile = chain_work(p, round + 1);
+      next_box = {next_tile.kv_head * next_tile.group, (next_tile.p0 + warp_row0) >> group_shift, next_tile.batch};
     }
   };
   start_work();
@@ -177,8 +182,8 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   // its part instead; the warp that wrote a work's last part folds the parts once the walk ended (bit k of `folds`:
   // the walk's work start.works + k).
   uint32_t folds = 0;
-  auto store_work = [&](const hfp::fwd::OnlineSoftmax<1>& softmax, int done, uint32_t staging) {
-    const hfp::fwd::QueryTile work = chain_work(p, done);
+  auto store_work = [&](const hfp::fwd::OnlineSoftmax<1>& softmax, const hfp::fwd::QueryTile& work, int done,
+                        uint32_t staging) {
     if constexpr (kPieces) {
       if (work.parts > 1) {
         if (hfp::fwd::write_part<kOT>(rows.acc_o, softmax, p, work, warp_row0 / 16, 4 * NUM_WG, lane))
@@ -216,10 +221,15 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
     hfp::pack_a_fragments<kBf16, BLOCK_N>(probs, scores[0]);
     ++ring;
     if (++i < tile.keys.num_tiles) return true;
-    if (!has_work(round + 1)) return false;
+    if (copy_step < 0) return false;  // no next work (start_work)
     ++round;
     buffer ^= 1;
-    tile = chain_work(p, round);
+    if constexpr (kPieces) {  // a piece's tile is recomputed (kept, the split round's build spilled)
+      tile = chain_work(p, round);
+    } else {
+      done_tile = tile;
+      tile = next_tile;
+    }
     start_work();
     // Its Q rows landed: the four warps' boxes into this Q tile, whose barrier completes once a use (works 1, 3, ..
     // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied, and the pieces' first work's).
@@ -278,10 +288,9 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
     if (boundary) {
       if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
         if constexpr (kSplitTail) {
-          store_work(finished, round - 1, warp_rows_of(buffer ^ 1));
-        } else {  // written out as before the split round's builds, whose SASS it keeps
-          store_output_boxes(rows.acc_o, finished, p, ::chain_work(p, round - 1), warp_row0, lane,
-                             warp_rows_of(buffer ^ 1));
+          store_work(finished, kPieces ? chain_work(p, round - 1) : done_tile, round - 1, warp_rows_of(buffer ^ 1));
+        } else {  // written out (through the lambda, ptxas reordered the steady softmax)
+          store_output_boxes(rows.acc_o, finished, p, done_tile, warp_row0, lane, warp_rows_of(buffer ^ 1));
         }
         hfp::zero_fragments(rows.acc_o);
       }
@@ -307,7 +316,7 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   if constexpr (!kPieces) {
     store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
   } else {
-    store_work(rows.softmax, round, warp_rows_of(buffer));
+    store_work(rows.softmax, tile, round, warp_rows_of(buffer));
     for (int piece = start.works; folds != 0; ++piece, folds >>= 1) {
       if ((folds & 1) == 0) continue;
       const hfp::fwd::QueryTile work = chain_work(p, piece);
