@@ -273,12 +273,14 @@ __device__ __forceinline__ bool tail_piece(const FwdParams& p, const TailSplit& 
   return true;
 }
 
-// The works a walk takes whole, as work indices below the result: every one, or (kSplitTail builds with
-// p.tail_parts > 0) those of its full rounds (its last round is split: for_each_tail_piece).
+// The works a walk takes whole, as work indices below the result: every one, or (kSplitTail builds, which the launch
+// runs only with p.tail_parts > 0: forward._launch) those of its full rounds (the last round is split: the pieces
+// entry's for_each_tail_piece). Not a test of p.tail_parts: with one, ptxas ordered the chained walk's steady
+// softmax otherwise than without the split.
 template <bool kSplitTail, int kBlockM>
 __device__ __forceinline__ int whole_works(const FwdParams& p) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
-  if (!kSplitTail || p.tail_parts <= 0) return num_work;
+  if constexpr (!kSplitTail) return num_work;
   return num_work / static_cast<int>(gridDim.x) * static_cast<int>(gridDim.x);
 }
 
@@ -295,9 +297,9 @@ __device__ __forceinline__ void for_each_tail_piece(const FwdParams& p, Body bod
   }
 }
 
-// kSplitTail builds (unmasked): where p.tail_parts > 0, the full rounds, then this CTA's pieces of the split one. Their
-// walk is its own loop, so the other builds' code is unchanged.
-template <bool kWindowed, int kBlockM, int kBlockN, bool kSplitTail = false, int kCluster = 1, typename Body>
+// kSplitTail builds (unmasked): where p.tail_parts > 0, the full rounds only (the pieces of the split one are the
+// pieces entry's: for_each_tail_piece). Their walk is its own loop, so the other builds' code is unchanged.
+template <bool kWindowed, int kBlockM, int kBlockN, bool kSplitTail = false, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
   const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
   if constexpr (kSplitTail && !kWindowed) {
@@ -306,7 +308,6 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
       const QueryTile tile = query_tile<false, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
       if (!tile.empty()) body(tile);
     }
-    if (p.tail_parts > 0) for_each_tail_piece<kBlockM, kBlockN, kCluster>(p, body);
   } else if constexpr (kWindowed) {
     // The host's list (p.work_list) or the snake walk's rounds; the next work's index is read one work ahead, so a
     // listed walk's read of it waits under the work before.

@@ -27,12 +27,6 @@ __device__ __forceinline__ hfp::fwd::QueryTile chain_work(const hfp::fwd::FwdPar
   return hfp::fwd::query_tile<false, kBlockM, BLOCK_N>(p, hfp::fwd::persistent_work<kBlockM>(p, hfp::fwd::walk_work<false>(round)));
 }
 
-// Where a walk (or its part) ended: the ring tiles and works it took (chained_walk).
-struct ChainEnd {
-  uint32_t ring;
-  int works;
-};
-
 // Copy this warp's 16 rows (warp_row0..) of the work's packed Q tile into Q tile `q_tile` with cp.async (one group);
 // rows past the sequence's packed rows are zero-filled.
 __device__ __forceinline__ void copy_warp_query_rows(uint32_t q_tile, const hfp::fwd::FwdParams& p,
@@ -80,9 +74,8 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
   }
 }
 
-// A math warpgroup's walk over its whole works (kPieces = false), or, with a split last round (SPLIT_TAIL,
-// p.tail_parts > 0), over its pieces of that round (kPieces, from `start`: where the first walk ended; the same loop
-// as a second instance, so that the first's steady step keeps its schedule). The ring (fwd_hopper_ws.cu):
+// A math warpgroup's walk over its whole works (with a split last round, SPLIT_TAIL and p.tail_parts > 0, those of
+// the full rounds; walk_pieces takes the split round's pieces from where it ended). The ring (fwd_hopper_ws.cu):
 // wait_keys(r) waits until ring tile r's K landed and returns its slot; release(bar) hands a slot back on its "empty"
 // mbarrier at `bar` (and the cluster peer's); V's waits and both releases are the walk's own, on the mbarriers from
 // v_full_bars / k_empty_bars / v_empty_bars (8 bytes a slot), so that their addresses and parity are computed ahead.
@@ -102,35 +95,17 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // key-length test beside S's issue, held there by an empty asm, and one test (`boundary`) guards the work's store
 // and the next Q's load: left to ptxas, each was computed after the S or P V wait it follows, in the warp's exposed
 // path (the steady path's static stalls: results/2026-12-06_chain-step).
-template <bool kPieces, typename WaitKeys, typename Release>
-__device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles,
+template <typename WaitKeys, typename Release>
+__device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles,
                                                  const OperandDescriptors& desc, int warp_row0, int lane,
                                                  int q_rows_barrier, uint32_t q_landed, uint32_t v_full_bars,
                                                  uint32_t k_empty_bars, uint32_t v_empty_bars, WaitKeys wait_keys,
-                                                 Release release, ChainEnd start = {0, 0}) {
+                                                 Release release) {
   using namespace hfp::sm90;
   const int g = lane >> 2, t = lane & 3;
   const int num_work = hfp::fwd::whole_works<kSplitTail, kBlockM>(p);  // the whole works' indices lie below it
-  hfp::fwd::TailSplit tail;
-  if constexpr (kPieces) tail = hfp::fwd::tail_split<kBlockM, BLOCK_N, KV_CLUSTER>(p);
-  auto has_work = [&](int round) {  // work `round` of the walk (counted on from start.works)
-    if constexpr (kPieces) {
-      hfp::fwd::QueryTile piece;
-      return hfp::fwd::tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, tail, round - start.works, piece);
-    } else {
-      return hfp::fwd::walk_work<false>(round) < num_work;
-    }
-  };
-  auto chain_work = [&](const hfp::fwd::FwdParams&, int round) {
-    if constexpr (kPieces) {
-      hfp::fwd::QueryTile piece;
-      hfp::fwd::tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, tail, round - start.works, piece);
-      return piece;
-    } else {
-      return ::chain_work(p, round);
-    }
-  };
-  if (!has_work(start.works)) return start;
+  auto has_work = [&](int round) { return hfp::fwd::walk_work<false>(round) < num_work; };  // work `round` of the walk
+  if (!has_work(0)) return;
   if (p.o_box_heads <= 0) __trap();  // the launch passes the output map (forward.py); no other store is built here
   auto warp_rows_of = [&](int buffer) { return q_tiles + buffer * kQBytes + warp_row0 * kSubTileRowBytes; };
   // This warpgroup's 64 Q rows of the current work landed: every warp's copy, then visible to the tensor cores.
@@ -139,12 +114,8 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
     fence_proxy_async_shared();
     named_barrier_sync(q_rows_barrier, 128);
   };
-  int round = start.works, buffer = start.works & 1;  // the current work and its Q tile
+  int round = 0, buffer = 0;  // the current work and its Q tile
   hfp::fwd::QueryTile tile = chain_work(p, round);
-  if constexpr (kPieces) {  // this warp's boxes staged in that Q tile were read (its first lane's) before a lane writes
-    hfp::tma::bulk_wait_read<0>();
-    __syncwarp();
-  }
   copy_warp_query_rows(q_tiles + buffer * kQBytes, p, tile, warp_row0, lane);
   query_rows_landed();
 
@@ -156,7 +127,7 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   bool rescale_pending = false;
   float scores[1][kNT][4];
   float(&s_flat)[kNT * 4] = reinterpret_cast<float(&)[kNT * 4]>(scores);
-  uint32_t ring = start.ring;  // this step's ring tile (unsigned: its slot and parity are a mask and a shift)
+  uint32_t ring = 0;  // this step's ring tile (unsigned: its slot and parity are a mask and a shift)
   int i = 0;          // this step's key tile within the current work
   auto values_barrier = [&](uint32_t r) { return v_full_bars + 8 * (r % KV_STAGES); };  // ring tile r's V
   auto values_parity = [&](uint32_t r) { return (r / KV_STAGES) & 1; };
@@ -178,21 +149,6 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   };
   start_work();
   hfp::fwd::OnlineSoftmax<1> finished;  // the work before's softmax, kept for its store
-  // A finished work's rows (O, with `softmax`) by boxes staged in `staging`. A piece of a split work (kPieces) writes
-  // its part instead; the warp that wrote a work's last part folds the parts once the walk ended (bit k of `folds`:
-  // the walk's work start.works + k).
-  uint32_t folds = 0;
-  auto store_work = [&](const hfp::fwd::OnlineSoftmax<1>& softmax, const hfp::fwd::QueryTile& work, int done,
-                        uint32_t staging) {
-    if constexpr (kPieces) {
-      if (work.parts > 1) {
-        if (hfp::fwd::write_part<kOT>(rows.acc_o, softmax, p, work, warp_row0 / 16, 4 * NUM_WG, lane))
-          folds |= 1u << (done - start.works);
-        return;
-      }
-    }
-    store_output_boxes(rows.acc_o, softmax, p, work, warp_row0, lane, staging);
-  };
   auto key0_of_step = [&]() { return (tile.keys.n_block_max - 1 - i) * BLOCK_N; };
   auto step_is_masked = [&]() {  // the key-length bound
     const int key0 = key0_of_step();
@@ -224,18 +180,12 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
     if (copy_step < 0) return false;  // no next work (start_work)
     ++round;
     buffer ^= 1;
-    if constexpr (kPieces) {  // a piece's tile is recomputed (kept, the split round's build spilled)
-      tile = chain_work(p, round);
-    } else {
-      done_tile = tile;
-      tile = next_tile;
-    }
+    done_tile = tile;
+    tile = next_tile;
     start_work();
     // Its Q rows landed: the four warps' boxes into this Q tile, whose barrier completes once a use (works 1, 3, ..
-    // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied, and the pieces' first work's).
-    int uses = (round - 1) >> 1;
-    if constexpr (kPieces) uses -= ((round - start.works) & 1) == 0;
-    hfp::sm90::mbarrier_wait(q_landed + buffer * 8 * NUM_WG, uses & 1);
+    // in tile 1, 2, 4, .. in tile 0; the first work's rows were copied).
+    hfp::sm90::mbarrier_wait(q_landed + buffer * 8 * NUM_WG, ((round - 1) >> 1) & 1);
     i = 0;
     return true;
   };
@@ -287,11 +237,7 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
     release(values_released(ring - 1));
     if (boundary) {
       if (first) {  // O holds the work before's rows, complete; this work's first P V adds to zeros
-        if constexpr (kSplitTail) {
-          store_work(finished, kPieces ? chain_work(p, round - 1) : done_tile, round - 1, warp_rows_of(buffer ^ 1));
-        } else {  // written out (through the lambda, ptxas reordered the steady softmax)
-          store_output_boxes(rows.acc_o, finished, p, done_tile, warp_row0, lane, warp_rows_of(buffer ^ 1));
-        }
+        store_output_boxes(rows.acc_o, finished, p, done_tile, warp_row0, lane, warp_rows_of(buffer ^ 1));
         hfp::zero_fragments(rows.acc_o);
       }
       if (i == copy_step) load_next_query();
@@ -313,19 +259,55 @@ __device__ __forceinline__ ChainEnd chained_walk(const hfp::fwd::FwdParams& p, u
   wgmma_wait<0>();
   fence_operands(o_flat);
   release(values_released(ring - 1));
-  if constexpr (!kPieces) {
-    store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
-  } else {
-    store_work(rows.softmax, tile, round, warp_rows_of(buffer));
-    for (int piece = start.works; folds != 0; ++piece, folds >>= 1) {
-      if ((folds & 1) == 0) continue;
-      const hfp::fwd::QueryTile work = chain_work(p, piece);
-      hfp::fwd::fold_parts<kOT>(rows.acc_o, rows.softmax, p, work, warp_row0 / 16, 4 * NUM_WG, lane);
-      hfp::tma::bulk_wait_read<0>();  // the staging's last boxes were read
-      store_output_boxes(rows.acc_o, rows.softmax, p, work, warp_row0, lane, warp_rows_of(buffer));
+  store_output_boxes(rows.acc_o, rows.softmax, p, tile, warp_row0, lane, warp_rows_of(buffer));
+}
+
+// The split last round's pieces of one math warpgroup (the SPLIT_TAIL builds' pieces entry, fwd_hopper_ws.cu), each
+// by key_loop (the work-by-work walk's loop), its rows in Q tile 0 (copied, then read by every S of the piece). A
+// piece of a split work writes its part (write_part); a piece that is its work's only part, and once every piece ran
+// each work whose last part this warp wrote (folded in part order), leave by boxes staged in this warp's rows of that
+// tile. The ring starts at 0: wait_keys(r) / wait_values(r) wait until ring tile r's K / V landed and return its
+// slot, release_keys(r) / release_values(r) hand them back. key_loop's never-taken branch sleeps (a trap spilled).
+template <typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues>
+__device__ __forceinline__ void walk_pieces(const hfp::fwd::FwdParams& p, uint32_t q_tiles,
+                                            const OperandDescriptors& desc, int warp_row0, int lane,
+                                            int q_rows_barrier, WaitKeys wait_keys,
+                                            WaitValues wait_values, ReleaseKeys release_keys,
+                                            ReleaseValues release_values) {
+  using namespace hfp::sm90;
+  const uint32_t staging = q_tiles + warp_row0 * kSubTileRowBytes;
+  uint32_t ring = 0, folds = 0;  // bit k: this warp folds piece k's work
+  int k = 0;
+  MathRows rows;
+  hfp::fwd::for_each_tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, [&](const hfp::fwd::QueryTile& piece) {
+    hfp::tma::bulk_wait_read<0>();       // this warp's boxes staged in the tile were read (its first lane's)
+    named_barrier_sync(q_rows_barrier, 128);  // and every warp of the warpgroup is past its products on the tile
+    copy_warp_query_rows(q_tiles, p, piece, warp_row0, lane);
+    hfp::cp_async_wait<0>();
+    fence_proxy_async_shared();  // the copies, for the tensor cores' reads
+    named_barrier_sync(q_rows_barrier, 128);
+    rows.init();
+    const uint32_t first = ring;
+    key_loop<false, true>(
+        rows, p, piece, piece.p0 + warp_row0 + (lane >> 2), lane & 3, desc.q_rows, desc.k_ring,
+        desc.v_ring, [&](int i) { return wait_keys(first + i); }, [&](int i) { return wait_values(first + i); },
+        [&](int i) { release_keys(first + i); }, [&](int i) { release_values(first + i); }, [] {}, [] {}, [] {});
+    ring += piece.keys.num_tiles;
+    if (piece.parts == 1) {
+      store_output_boxes(rows.acc_o, rows.softmax, p, piece, warp_row0, lane, staging);
+    } else if (hfp::fwd::write_part<kOT>(rows.acc_o, rows.softmax, p, piece, warp_row0 / 16, 4 * NUM_WG, lane)) {
+      folds |= 1u << k;
     }
-  }
-  return {ring, round + 1};
+    ++k;
+  });
+  k = 0;
+  hfp::fwd::for_each_tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, [&](const hfp::fwd::QueryTile& piece) {
+    if ((folds >> k++) & 1) {
+      hfp::fwd::fold_parts<kOT>(rows.acc_o, rows.softmax, p, piece, warp_row0 / 16, 4 * NUM_WG, lane);
+      hfp::tma::bulk_wait_read<0>();  // the staging's last boxes were read
+      store_output_boxes(rows.acc_o, rows.softmax, p, piece, warp_row0, lane, staging);
+    }
+  });
 }
 
 }  // namespace

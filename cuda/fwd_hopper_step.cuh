@@ -123,17 +123,25 @@ struct MathRows {
 // ptxas places a `wgmma.wait_group` as early as the registers it guards allow: the wait for P(i-1) V(i-1) went
 // ahead of tile i's exponentials, which then ran after the product instead of under it. A branch on the row sums
 // (which every exponential feeds; never taken, a sum of exponentials is not negative) ends the basic block, and
-// ptxas does not move the wait above it.
+// ptxas does not move the wait above it. kSleep: the branch sleeps rather than traps (where a trap made ptxas
+// serialise the wgmmas and spill: the chained walk's kernels).
+template <bool kSleep = false>
 __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
-  if (__any_sync(0xffffffffu, row_sum[0][0] < 0.f || row_sum[0][1] < 0.f)) __trap();
+  if (__any_sync(0xffffffffu, row_sum[0][0] < 0.f || row_sum[0][1] < 0.f)) {
+    if constexpr (kSleep) {
+      __nanosleep(1);
+    } else {
+      __trap();
+    }
+  }
 }
 
 // A math warpgroup's key loop over its 64 rows: per key tile S = Q K^T, soft-cap, mask (boundary tiles
 // only), online softmax in base 2, O += P V, both products on wgmma. The softmax of tile i overlaps
 // O += P(i-1) V(i-1) (FA3's intra-warpgroup overlap): S(i) is issued, O takes the rescale of tile i-1's softmax
 // (kRescaleBeforePv), P(i-1) V(i-1) is issued, S(i) is retired first and exponentiated while P V still runs
-// (keep_wait_behind), then P(i) is packed once P V retired (and O rescaled, on 64-key tiles). K and V of a ring
-// slot are waited for and handed back apart: `wait_keys(i)` waits until tile i's K is in its slot and
+// (keep_wait_behind; kSleep: its sleeping form), then P(i) is packed once P V retired (and O rescaled, on 64-key
+// tiles). K and V of a ring slot are waited for and handed back apart: `wait_keys(i)` waits until tile i's K is in its slot and
 // returns the slot (K at k_ring + slot * kKBytes), `wait_values(i)` until its V is (at v_ring + slot * kVBytes);
 // `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
 // runs once every S = Q K^T retired (at once without key tiles). `take_turn()` / `pass_turn()` bracket the issue of
@@ -141,8 +149,8 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row
 // (p0 + warp_row0 + g); t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand
 // fences keep the compiler from touching registers a wgmma owns between its issue and its wait.
-template <bool kWindowed, typename WaitKeys, typename WaitValues, typename ReleaseKeys, typename ReleaseValues,
-          typename ReleaseQueries, typename TakeTurn, typename PassTurn>
+template <bool kWindowed, bool kSleep = false, typename WaitKeys, typename WaitValues, typename ReleaseKeys,
+          typename ReleaseValues, typename ReleaseQueries, typename TakeTurn, typename PassTurn>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                          int row, int t, hfp::sm90::SteppedDescriptor q_rows,
                                          hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
@@ -219,7 +227,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     fence_operands(s_flat);
     release_keys(i);
     const bool max_moved = softmax_of(i);
-    keep_wait_behind(rows.softmax.row_sum);
+    keep_wait_behind<kSleep>(rows.softmax.row_sum);
     retire_pv(i - 1);
     if constexpr (kRescaleBeforePv) {
       rescale_pending = max_moved;

@@ -112,8 +112,8 @@ struct Columns {  // a tile's column count as a type, for the producer's one loa
 
 // The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
 // math warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
-extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
-    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
+constexpr int kSharedBytes = kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
+extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedBytes;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
 // sectioned order deals masked tiles out evenly, else one per tile); CTA b takes work tile b of every round of
@@ -129,7 +129,12 @@ extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes =
 #else
 #define HFP_FORWARD_CLUSTER
 #endif
-extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
+// kPieces: the split last round's pieces (the SPLIT_TAIL builds' second entry, launched after the first, which walks
+// the full rounds): the producer streams only the pieces' key tiles, the math warpgroups walk them (walk_pieces). A
+// kernel of its own, so the first entry's chained walk keeps the schedule it has without a split (in one kernel, the
+// pieces' code made ptxas order its steady softmax otherwise).
+template <bool kPieces>
+__device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& p) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const SharedTiles smem = shared_tiles(smem_raw);
   // mbarriers, 8 bytes each: (KV_STAGES,) of every kind. K and V of a slot land and are handed back apart, so that
@@ -184,7 +189,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
       // another warpgroup has not released yet.
       prefetch(p.q_tma);
       int works = 0;
-      for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail, KV_CLUSTER>(p, [&](const QueryTile& tile) {
+      for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail>(p, [&](const QueryTile& tile) {
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
@@ -209,7 +214,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
     prefetch(p.k_tma);
     prefetch(p.v_tma);
     int ring = 0;
-    for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail, KV_CLUSTER>(p, [&](const QueryTile& tile) {
+    auto walk = [&](auto body) {
+      if constexpr (kPieces) {
+        for_each_tail_piece<kBlockM, BLOCK_N, KV_CLUSTER>(p, body);
+      } else {
+        for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail>(p, body);
+      }
+    };
+    walk([&](const QueryTile& tile) {
       const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
       const int first_row = static_cast<int>(tile.span.k_token0) + (tile.keys.n_block_max - 1) * BLOCK_N;
       for (int i = 0; i < tile.keys.num_tiles; ++i, ++ring) {
@@ -292,12 +304,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   auto release = [&](uint32_t empty_bars, int r) { release_at(empty_bars + 8 * (r % KV_STAGES)); };
   if constexpr (kChainedWalk) {  // one key loop over every work (fwd_hopper_chain.cuh)
     auto wait_keys = [&](uint32_t r) { return wait_slot(k_full_bars, r); };
-    const ChainEnd whole = chained_walk<false>(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup,
-                                               q_full_bars + 8 * warpgroup, v_full_bars, k_empty_bars, v_empty_bars,
-                                               wait_keys, release_at);
-    if (kSplitTail && p.tail_parts > 0)  // the split last round's pieces, chained on
-      chained_walk<true>(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
-                         v_full_bars, k_empty_bars, v_empty_bars, wait_keys, release_at, whole);
+    if constexpr (kPieces) {
+      walk_pieces(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, wait_keys,
+                  [&](uint32_t r) { return wait_slot(v_full_bars, r); }, [&](uint32_t r) { release(k_empty_bars, r); },
+                  [&](uint32_t r) { release(v_empty_bars, r); });
+    } else {
+      chained_walk(p, smem.q_tile, desc, warp_row0, lane, kQRowsBarrier + warpgroup, q_full_bars + 8 * warpgroup,
+                   v_full_bars, k_empty_bars, v_empty_bars, wait_keys, release_at);
+    }
     bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
     return;
   }
@@ -391,3 +405,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hf
   });
   if constexpr (kTmaOutput) bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
 }
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hfp_attention_forward_sm90_ws(const __grid_constant__ hfp::fwd::FwdParams p) {
+  attention_forward_ws<false>(p);
+}
+
+#if SPLIT_TAIL
+// The split last round's pieces (attention_forward_ws<true>), launched after hfp_attention_forward_sm90_ws with the
+// same parameters and shared memory.
+extern "C" __constant__ int hfp_attention_forward_sm90_ws_pieces_shared_bytes = kSharedBytes;
+extern "C" __global__ void __launch_bounds__(kThreads, 1) HFP_FORWARD_CLUSTER hfp_attention_forward_sm90_ws_pieces(const __grid_constant__ hfp::fwd::FwdParams p) {
+  attention_forward_ws<true>(p);
+}
+#endif

@@ -72,9 +72,12 @@ def launches(monkeypatch):
     monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
     monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: bytes(128))
 
-    def launch(batch, seqlen, heads, causal=False):
+    def launch(batch, seqlen, heads, causal=False, entries=None):
         q = k = v = torch.zeros(batch, seqlen, heads, 128, dtype=torch.bfloat16)
+        before = len(launched)
         forward._launch(q, k, v, None, None, None, None, None, causal, -1, -1, None)
+        if entries is not None:  # the launches' entry points and grids, in order
+            entries.extend((entry, grid) for entry, grid, _ in launched[before:])
         return built[-1], launched[-1][2]
 
     return launch
@@ -84,17 +87,23 @@ def launches(monkeypatch):
 TAIL_PARTS, PARTIALS, COUNTERS = -4, -3, -2
 
 
-def test_the_split_chain_serves_past_the_chains_keys():
-    assert SPLIT_CHAIN_KEYS[0] == CHAINED_WALK_MAX_KEYS + 1
+def test_the_split_chain_serves_the_chains_keys_and_past_them():
+    assert SPLIT_CHAIN_KEYS[0] == 1 and SPLIT_CHAIN_KEYS[1] > CHAINED_WALK_MAX_KEYS
+    assert split_chain_serves(2048, True) and split_chain_serves(CHAINED_WALK_MAX_KEYS, True)
     assert split_chain_serves(8192, True) and not split_chain_serves(8192, False)
-    assert not split_chain_serves(CHAINED_WALK_MAX_KEYS, True) and not split_chain_serves(SPLIT_CHAIN_KEYS[1] + 1, True)
+    assert not split_chain_serves(0, True) and not split_chain_serves(SPLIT_CHAIN_KEYS[1] + 1, True)
 
 
-def test_the_chain_splits_a_partial_last_round(launches):
-    defines, args = launches(2, 8192, 16)  # 2048 works: 68 in the last round, 52 key tiles each
+@pytest.mark.parametrize("batch, seqlen, key_tiles", [(2, 8192, 52), (4, 4096, 26)])
+def test_the_chain_splits_a_partial_last_round(launches, batch, seqlen, key_tiles):
+    entries = []
+    defines, args = launches(batch, seqlen, 16, entries=entries)  # 2048 works: 68 in the last round
     assert defines.get("CHAINED_WALK") == "1" and defines.get("SPLIT_TAIL") == "1"
-    parts = split_tail_parts(2048, SMS, 2, 52)
-    assert args[TAIL_PARTS] == parts == 3  # a group of 52 key tiles can meet three lanes of 26 or 27
+    # the full rounds, then the pieces as a kernel of their own, over the same grid and parameters
+    assert [entry for entry, _ in entries] == [forward._ENTRY_SM90_WS, forward._ENTRY_SM90_WS_PIECES]
+    assert entries[0][1] == entries[1][1] == (SMS, 1, 1)
+    parts = split_tail_parts(2048, SMS, 2, key_tiles)
+    assert args[TAIL_PARTS] == parts == 3  # a group of 52 (26) key tiles can meet three lanes of 26 or 27 (13 or 14)
     values = 128 // 2 + 4  # a lane's accumulators of 16 rows x 128 columns, two rows' maximum and sum
     assert args[PARTIALS].dtype == torch.float32 and args[PARTIALS].numel() == 68 * parts * 8 * values * 32
     counters = args[COUNTERS]
@@ -102,8 +111,7 @@ def test_the_chain_splits_a_partial_last_round(launches):
 
 
 @pytest.mark.parametrize("batch, seqlen, heads, causal, chained", [
-    (8, 2048, 16, False, True),                       # the chain's keys: the chain without the split
-    (4, 4096, 16, False, True),                       # (saves 12 key tiles, but the split's build reads slower)
+    (8, 2048, 16, False, True),                       # the split saves 6 key tiles: the chain without it
     (1, 8192, 33, False, False),                      # 2112 works: 16 whole rounds, work by work
     (8, 2048, 16, True, False),                       # masked: weights differ, no chain
     (1, SPLIT_CHAIN_KEYS[1] + 160, 16, False, False),  # past the split chain's keys: work by work

@@ -54,6 +54,8 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _ZERO_SCALE = 1e-30  # stands in for softmax_scale = 0 (see _launch)
 _ENTRY = "hfp_attention_forward"
 _ENTRY_SM90_WS = "hfp_attention_forward_sm90_ws"  # same arguments
+# A split last round's pieces (split_tail builds), launched after _ENTRY_SM90_WS with its parameters.
+_ENTRY_SM90_WS_PIECES = "hfp_attention_forward_sm90_ws_pieces"
 # FwdParams: k_tma v_tma q_tma o_tma | q k v out lse cu_q cu_k | 14 int64 strides | seqlen_q seqlen_k group left right |
 # ScoreScale (3 floats) | total_q total_k | kv_heads num_seqs work_section q_box_heads o_box_heads leading_rows |
 # tail_parts partials part_counters | work_list
@@ -367,17 +369,19 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         lead = leading_rows(seqlen_q * group, config.block_m)
     partials, part_counters, tail_parts = _split_tail(config, grid[0], m_blocks * kv_heads * num_seqs, seqlen_k,
                                                       masked or varlen, q.device)  # fmt: skip
-    kernel(
-        grid, (config.threads, 1, 1),
+    args = (
         k_tma, v_tma, q_tma, o_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
         seqlen_q, seqlen_k, group, left, right, *scales,
         q.shape[0], k.shape[0],  # varlen: total rows, the bound of every cu_seqlens read
         kv_heads, num_seqs, section, q_box_heads, o_box_heads, lead, tail_parts, partials, part_counters, listed,
-        shared_bytes=kernel.shared_bytes,
-        tensors=tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters, listed)
-                      if t is not None),
     )  # fmt: skip
+    tensors = tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters, listed)
+                    if t is not None)  # fmt: skip
+    kernel(grid, (config.threads, 1, 1), *args, shared_bytes=kernel.shared_bytes, tensors=tensors)
+    if tail_parts:  # the split last round's pieces: a kernel of their own, after the full rounds
+        pieces = get_kernel(config.build(arch), _ENTRY_SM90_WS_PIECES, q.device)
+        pieces(grid, (config.threads, 1, 1), *args, shared_bytes=pieces.shared_bytes, tensors=tensors)
     return out, lse
 
 

@@ -241,10 +241,9 @@ def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, 
     return dataclasses.replace(walk, kv_cluster=kv_cluster)
 
 
-# The split last round pays where it saves at least this many key tiles of the round's time: its parts' writes and
-# fences, the fold at the walk's end and the pieces' first Q copy cost about 20 us a launch, a key tile about 2 us
-# (H100; results/2026-12-06_split-tail: 1.032 of main's kernel time at 8x2k, which saves 6 key tiles, 0.997 at 4x4k
-# (12), 0.977 at 2x8k (25)).
+# The split last round pays where it saves at least this many key tiles of the round's time: a key tile of the round
+# costs about 2 us, the split its pieces' launch, first Q copies and steps, the parts' writes and the fold (about
+# 10 us at 2x8k by end marks, H100: results/2026-12-06_chain-boundary-timeline, call 6). At 8x2k it saves 6.
 SPLIT_TAIL_MIN_SAVED_TILES = 12
 
 
@@ -263,11 +262,10 @@ def split_tail_parts(works: int, ctas: int, kv_cluster: int, key_tiles: int) -> 
 # where works are short. Beyond this many keys the same tiles walk work by work (the same bits either way;
 # notes/forward.md, decision log).
 CHAINED_WALK_MAX_KEYS = 4096
-# The chained walk with its split last round (TileShape.split_tail: the pieces as a second chained walk) serves keys
-# in this range, where the split pays, in place of the same tiles walked work by work (0.979 of its kernel time at
-# 2x8k, H100). Up to CHAINED_WALK_MAX_KEYS the chain without the split serves: beside the pieces' walk ptxas orders the
-# steady step's softmax otherwise, and the build read 1.016 of it at 8x2k and 4x4k (results/2026-12-06_split-tail).
-SPLIT_CHAIN_KEYS = (CHAINED_WALK_MAX_KEYS + 1, 8192)
+# The chained walk with its split last round (TileShape.split_tail: the full rounds, then the pieces as a kernel of
+# their own) serves keys in this range where the split pays (split_tail_parts), in place of the chain without it
+# (its full rounds' SASS is that chain's) or, past CHAINED_WALK_MAX_KEYS, of the same tiles work by work.
+SPLIT_CHAIN_KEYS = (1, 8192)
 
 
 def split_chain_serves(seqlen_k: int, output_boxes: bool) -> bool:
