@@ -242,8 +242,9 @@ def clustered_schedule(walk: HopperSchedule, kv_cluster: int, query_tiles: int, 
 
 
 # The split last round pays where it saves at least this many key tiles of the round's time: a key tile of the round
-# costs about 2 us, the split its pieces' launch, first Q copies and steps, the parts' writes and the fold (about
-# 10 us at 2x8k by end marks, H100: results/2026-12-06_chain-boundary-timeline, call 6). At 8x2k it saves 6.
+# costs about 2 us, the split its pieces' kernel, first Q copies and steps, the parts' writes and the fold (about
+# 18 us at 4x4k, where it saves 13: 0.995 of the kernel time, H100; results/2026-12-06_split-pieces-kernel). At 8x2k
+# it would save 6.
 SPLIT_TAIL_MIN_SAVED_TILES = 12
 
 
