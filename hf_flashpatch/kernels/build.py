@@ -213,7 +213,7 @@ def _warn_once(message: str) -> None:
 
 _lock = threading.Lock()
 _contexts: dict[int, object] = {}
-_side_streams: dict[tuple[int, int], object] = {}
+_side_streams: dict[int, object] = {}
 
 
 def _pycuda():
@@ -325,9 +325,8 @@ class Kernel:
         on the side stream when we fork)."""
         self.launch(grid, block, self.pack(args), shared_bytes=shared_bytes, tensors=tensors)
 
-    def launch(self, grid, block, params: bytes, *, shared_bytes: int = 0, tensors=(), side=None):
-        """Launch with a parameter buffer from :meth:`pack` (kernels with one parameter list share one). ``side``: a
-        side stream that :func:`launch_side_by_side` forked from torch's (launched there without a wait)."""
+    def launch(self, grid, block, params: bytes, *, shared_bytes: int = 0, tensors=()):
+        """Launch with a parameter buffer from :meth:`pack` (kernels with one parameter list share one)."""
         if self._context is None:
             self._context = _primary_context(self.device_index)
             self._driver = _pycuda()
@@ -338,9 +337,6 @@ class Kernel:
                     self._driver.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_bytes)
                 )
                 self._max_shared_set = shared_bytes
-            if side is not None:
-                self.function._launch_kernel(grid, block, params, int(shared_bytes), side)
-                return
             # The legacy default stream (handle 0) cannot be captured into a graph: launch on it directly.
             if _current_raw_stream(self.device_index) == 0:
                 self.function._launch_kernel(grid, block, params, int(shared_bytes), None)
@@ -365,40 +361,12 @@ def shared_bytes_of(cubin: bytes, entry: str) -> int:
     return 0 if value is None else value
 
 
-def _side_stream(device_index: int, which: int = 0):
-    stream = _side_streams.get((device_index, which))
+def _side_stream(device_index: int):
+    stream = _side_streams.get(device_index)
     if stream is None:
         stream = _pycuda().Stream(flags=1)  # non-blocking w.r.t. the legacy default stream
-        _side_streams[(device_index, which)] = stream
+        _side_streams[device_index] = stream
     return stream
-
-
-def launch_side_by_side(launches, device_index: int, *, tensors=()) -> None:
-    """Launch kernels that write disjoint outputs, ``launches`` as ``(kernel, grid, block, params, shared_bytes)``,
-    each on a side stream of its own forked from torch's current stream after its queued work (torch's later work
-    waits for all of them), so that a later one's CTAs take SMs as an earlier one's free them, without a launch
-    between them. On the legacy default stream (it cannot fork in a graph capture) or without CUDA, one after the
-    other."""
-    if len(launches) == 1 or not torch.cuda.is_available() or _current_raw_stream(device_index) == 0:
-        for kernel, grid, block, params, shared_bytes in launches:
-            kernel.launch(grid, block, params, shared_bytes=shared_bytes, tensors=tensors)
-        return
-    stream = torch.cuda.current_stream(device_index)
-    forks = []
-    for which in range(len(launches)):  # every side stream waits for torch's queued work, none for another
-        with _InContext(device_index):
-            side = _side_stream(device_index, which)
-        external = torch.cuda.ExternalStream(side.handle, device=stream.device)
-        external.wait_stream(stream)
-        forks.append((side, external))
-    for (kernel, grid, block, params, shared_bytes), (side, _) in zip(launches, forks):
-        kernel.launch(grid, block, params, shared_bytes=shared_bytes, side=side)
-    capturing = torch.cuda.is_current_stream_capturing()
-    for _, external in forks:
-        stream.wait_stream(external)
-        if not capturing:
-            for t in tensors:
-                t.record_stream(external)
 
 
 _kernels: dict[tuple, Kernel] = {}

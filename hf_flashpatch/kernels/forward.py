@@ -42,7 +42,7 @@ import torch
 from ..errors import KernelUnsupported
 from . import forward_torch, tail_split, work_list
 from . import aligned, call_op, fold_scores, fold_window, kernels_unavailable_reason, warn_fallback_once
-from .build import KernelBuild, device_arch, get_kernel, launch_side_by_side, sm_count
+from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .forward_maps import kv_maps, output_map, packed_rows_map, query_map
 from .heuristics import (HOPPER_VALUE_HEAD_DIM_SHAPES, HopperSchedule, TileShape, chain_form,
                          clustered_schedule, forward_tile_shape, hopper_forward_schedule, leading_rows,
@@ -378,11 +378,10 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
     )  # fmt: skip
     tensors = tuple(t for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, partials, part_counters, listed)
                     if t is not None)  # fmt: skip
-    launches = [(kernel, grid, (config.threads, 1, 1), kernel.pack(args), kernel.shared_bytes)]
-    if tail_parts:  # the split last round's pieces: a kernel of their own, its CTAs on SMs the full rounds free
+    kernel(grid, (config.threads, 1, 1), *args, shared_bytes=kernel.shared_bytes, tensors=tensors)
+    if tail_parts:  # the split last round's pieces: a kernel of their own, after the full rounds
         pieces = get_kernel(config.build(arch), _ENTRY_SM90_WS_PIECES, q.device)
-        launches.append((pieces, grid, (config.threads, 1, 1), pieces.pack(args), pieces.shared_bytes))
-    launch_side_by_side(launches, q.device.index or 0, tensors=tensors)
+        pieces(grid, (config.threads, 1, 1), *args, shared_bytes=pieces.shared_bytes, tensors=tensors)
     return out, lse
 
 
