@@ -369,6 +369,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         lead = leading_rows(seqlen_q * group, config.block_m)
     partials, part_counters, tail_parts = _split_tail(config, grid[0], m_blocks * kv_heads * num_seqs, seqlen_k,
                                                       masked or varlen, q.device)  # fmt: skip
+    if config.split_tail and not tail_parts:  # its first entry walks the full rounds only: the last round unwritten
+        raise RuntimeError(f"internal: a split build chosen where no last round splits ({config})")
     args = (
         k_tma, v_tma, q_tma, o_tma, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
         *q_strides, *k_strides, *v_strides, *o_strides, *lse_strides,
