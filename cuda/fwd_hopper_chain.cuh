@@ -75,7 +75,7 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 }
 
 // A math warpgroup's walk over its whole works (with a split last round, SPLIT_TAIL and p.tail_parts > 0, those of
-// the full rounds; walk_pieces takes the split round's pieces from where it ended). The ring (fwd_hopper_ws.cu):
+// the full rounds; the split round's pieces are the pieces entry's: walk_pieces). The ring (fwd_hopper_ws.cu):
 // wait_keys(r) waits until ring tile r's K landed and returns its slot; release(bar) hands a slot back on its "empty"
 // mbarrier at `bar` (and the cluster peer's); V's waits and both releases are the walk's own, on the mbarriers from
 // v_full_bars / k_empty_bars / v_empty_bars (8 bytes a slot), so that their addresses and parity are computed ahead.
@@ -97,10 +97,10 @@ __device__ __forceinline__ void store_output_boxes(float (&acc_o)[1][kOT][4], hf
 // path (the steady path's static stalls: results/2026-12-06_chain-step).
 template <typename WaitKeys, typename Release>
 __device__ __forceinline__ void chained_walk(const hfp::fwd::FwdParams& p, uint32_t q_tiles,
-                                                 const OperandDescriptors& desc, int warp_row0, int lane,
-                                                 int q_rows_barrier, uint32_t q_landed, uint32_t v_full_bars,
-                                                 uint32_t k_empty_bars, uint32_t v_empty_bars, WaitKeys wait_keys,
-                                                 Release release) {
+                                             const OperandDescriptors& desc, int warp_row0, int lane,
+                                             int q_rows_barrier, uint32_t q_landed, uint32_t v_full_bars,
+                                             uint32_t k_empty_bars, uint32_t v_empty_bars, WaitKeys wait_keys,
+                                             Release release) {
   using namespace hfp::sm90;
   const int g = lane >> 2, t = lane & 3;
   const int num_work = hfp::fwd::whole_works<kSplitTail, kBlockM>(p);  // the whole works' indices lie below it
