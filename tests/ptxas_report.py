@@ -16,19 +16,19 @@ def spills_by_entry(report: str) -> dict[str, tuple[int, int]]:
     return spills
 
 
-def descriptor_moves_inside_wgmma_groups(sass: str) -> list[str]:
-    """The ``R2UR`` instructions that move an operand descriptor into a uniform register between two HGMMAs of one
-    wgmma group (after an HGMMA without ``gsb0``, feeding the next HGMMA's ``gdesc[URn]``, which reads URn..URn+3).
-    Each makes that HGMMA wait for a vector-to-uniform move: a descriptor derived from a per-thread value (the
-    warpgroup as ``tid / 128`` rather than ``uniform_warpgroup``) puts two of them before every HGMMA of the chain."""
-    moves, pending, open_group = [], [], False
+def _moves_feeding_hgmmas(sass: str) -> list[tuple[str, list[str]]]:
+    """(address of the group's first HGMMA, the ``R2UR`` moves this HGMMA's descriptor waits on) for each HGMMA after
+    the first of a wgmma group (after an HGMMA without ``gsb0``; ``gdesc[URn]`` reads URn..URn+3)."""
+    fed, group, pending, open_group = [], "", [], False
     for line in sass.splitlines():
         instruction = line.split(";")[0]
         if "HGMMA" in instruction:
             found = re.search(r"gdesc\[UR(\d+)\]", instruction)
-            if open_group and found:
+            if not open_group:
+                group = instruction.strip()[:8]
+            elif found:
                 first = int(found.group(1))
-                moves += [move for register, move in pending if first <= register < first + 4]
+                fed.append((group, [move for register, move in pending if first <= register < first + 4]))
             open_group, pending = "gsb0" not in instruction, []
         elif "WARPGROUP." in instruction:
             open_group, pending = False, []
@@ -40,7 +40,26 @@ def descriptor_moves_inside_wgmma_groups(sass: str) -> list[str]:
                 written = re.search(r"^\s*(?:/\*\w+\*/)?\s*(?:@!?U?P\w+\s+)?U\w+(?:\.\w+)*\s+UR(\d+)", instruction)
                 if written:
                     pending = [(r, m) for r, m in pending if r != int(written.group(1))]
-    return moves
+    return fed
+
+
+def descriptor_moves_inside_wgmma_groups(sass: str) -> list[str]:
+    """The ``R2UR`` instructions that move an operand descriptor into a uniform register between two HGMMAs of one
+    wgmma group (after an HGMMA without ``gsb0``, feeding the next HGMMA's ``gdesc[URn]``, which reads URn..URn+3).
+    Each makes that HGMMA wait for a vector-to-uniform move: a descriptor derived from a per-thread value (the
+    warpgroup as ``tid / 128`` rather than ``uniform_warpgroup``) puts two of them before every HGMMA of the chain."""
+    return [move for _, moves in _moves_feeding_hgmmas(sass) for move in moves]
+
+
+def hgmmas_waiting_on_moves(sass: str) -> dict[str, int]:
+    """{address of a wgmma group's first HGMMA: how many of its later HGMMAs wait on a descriptor move}, for the groups
+    where any does. A descriptor derived from a per-thread value makes every later HGMMA of its groups wait; one
+    HGMMA waiting is one descriptor pair that ptxas kept in vector registers."""
+    waiting = {}
+    for group, moves in _moves_feeding_hgmmas(sass):
+        if moves:
+            waiting[group] = waiting.get(group, 0) + 1
+    return waiting
 
 
 def gpu_fences_before_remote_arrivals(sass: str, window: int = 6) -> list[str]:

@@ -2,7 +2,7 @@
 before and after its descriptors moved to uniform registers; the multicast forward's remote mbarrier arrival with a
 cluster-scope release and with the default one)."""
 
-from ptxas_report import descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals
+from ptxas_report import descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals, hgmmas_waiting_on_moves
 
 # dQ = dS K, K's descriptor derived from `tid / 128`: two R2UR before every HGMMA after the first
 CHAINED = """
@@ -30,6 +30,21 @@ UNIFORM = """
         /*6900*/                   UMOV UR9, 0x40000040 ;
         /*6910*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR8].tnspA.tnspB, R152, gsb0 ;
 """
+# 192/128's score product: one descriptor pair of Q (k-step 1) kept in vector registers, the others uniform
+ONE_PAIR = """
+        /*7ac0*/                   WARPGROUP.ARRIVE ;
+        /*7b00*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR40], RZ, !UPT ;
+        /*7b10*/                   R2UR UR40, R160 ;
+        /*7b20*/                   ULOP3.LUT UR42, UR9, 0x2, URZ, 0xfc, !UPT ;
+        /*7b30*/                   R2UR UR41, R161 ;
+        /*7b40*/                   UMOV UR43, 0x40000040 ;
+        /*7bf0*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR40], R88 ;
+        /*7c00*/                   ULOP3.LUT UR42, UR9, 0x4, URZ, 0xfc, !UPT ;
+        /*7c10*/                   UMOV UR40, UR56 ;
+        /*7c20*/                   UMOV UR41, UR57 ;
+        /*7c30*/                   UMOV UR43, 0x40000040 ;
+        /*7c40*/                   HGMMA.64x64x16.F32.BF16 R88, gdesc[UR40], R88, gsb0 ;
+"""
 # an R2UR into a descriptor register that a uniform write replaces before the HGMMA reads it
 OVERWRITTEN = """
         /*3be0*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR8], RZ, !UPT ;
@@ -45,6 +60,13 @@ def test_descriptor_moves_inside_wgmma_groups():
     assert moves[0].startswith("/*6910*/")  # not the moves before the group's first HGMMA
     assert descriptor_moves_inside_wgmma_groups(UNIFORM) == []
     assert descriptor_moves_inside_wgmma_groups(OVERWRITTEN) == []
+
+
+def test_hgmmas_waiting_on_moves_counts_each_group():
+    assert hgmmas_waiting_on_moves(CHAINED) == {"/*6900*/": 2}  # both later HGMMAs of the chain wait
+    assert hgmmas_waiting_on_moves(ONE_PAIR) == {"/*7b00*/": 1}  # the second waits, the third reads uniform copies
+    assert len(descriptor_moves_inside_wgmma_groups(ONE_PAIR)) == 2
+    assert hgmmas_waiting_on_moves(UNIFORM) == {} and hgmmas_waiting_on_moves(OVERWRITTEN) == {}
 
 
 # a math warp handing a K/V slot back to the other CTA of its cluster, `mbarrier.arrive.release.cluster` (cuobjdump
