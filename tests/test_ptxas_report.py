@@ -2,7 +2,8 @@
 before and after its descriptors moved to uniform registers; the multicast forward's remote mbarrier arrival with a
 cluster-scope release and with the default one)."""
 
-from ptxas_report import descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals, hgmmas_waiting_on_moves
+from ptxas_report import (descriptor_moves_inside_wgmma_groups, gpu_fences_before_remote_arrivals,
+                          hgmmas_waiting_on_moves)
 
 # dQ = dS K, K's descriptor derived from `tid / 128`: two R2UR before every HGMMA after the first
 CHAINED = """
