@@ -359,7 +359,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
             q_tma, q_box_heads = chain_q_tma, chain_q_box_heads
         else:  # a q the driver cannot map: the same tiles work by work (the same bits)
             config = dataclasses.replace(config, chained_walk=False, split_tail=False)
-    kernel = get_kernel(config.build(arch), config.entry, q.device)
+    build = config.build(arch)
+    kernel = get_kernel(build, config.entry, q.device)
     k, v, k_tma, v_tma = kv_maps(config, k, v)
     # A masked walk's first tile of a sequence leads it by this many rows (heuristics.leading_rows). Not for varlen
     # (the sequences' lengths are not known here) nor with output boxes (a box at a row before the sequence, a
@@ -382,7 +383,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                     if t is not None)  # fmt: skip
     kernel(grid, (config.threads, 1, 1), *args, shared_bytes=kernel.shared_bytes, tensors=tensors)
     if tail_parts:  # the split last round's pieces: a kernel of their own, after the full rounds
-        pieces = get_kernel(config.build(arch), _ENTRY_SM90_WS_PIECES, q.device)
+        pieces = get_kernel(build, _ENTRY_SM90_WS_PIECES, q.device)
         pieces(grid, (config.threads, 1, 1), *args, shared_bytes=pieces.shared_bytes, tensors=tensors)
     return out, lse
 
