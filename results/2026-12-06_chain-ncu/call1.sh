@@ -3,13 +3,14 @@
 # (main's table there is session 56's, same kernels): Nsight Compute on the d128 forward at 8x2k, ours (the chained
 # walk unmasked, the masked walk causal) and cuDNN's, as session 36 ran it before the chain
 # (../2026-12-04_d5d22a5_ncu-cudnn-forward): per-instruction counts and stall samples, the section pages. Carry .whl.
+# Usage: bash call1.sh [seconds for the H200 table, default 540]
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 mkdir -p $OUT
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$GPU"
 if [[ "$GPU" == *H200* ]]; then
-  bash results/2026-12-06_issue14-table/call_s56.sh 540
+  bash results/2026-12-06_issue14-table/call_s56.sh ${1:-540}
   exit
 fi
 DIR=results/2026-12-04_d5d22a5_ncu-cudnn-forward  # its probe and summaries
