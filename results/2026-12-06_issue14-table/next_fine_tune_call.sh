@@ -1,0 +1,22 @@
+#!/bin/bash
+# For the next session, on either card (say which ran it): why the 16-layer fine-tune at one 4k sequence read 0.947
+# of `sdpa` on the H200 in session 57 (rounds 0.838-0.959) against 1.02 on the H100 in session 56. The attention of
+# that shape alone (32 / 8 heads of 64, causal, one sequence of 2k-16k: bench_backward's finetune_shapes), then the
+# fine-tune twice (six rounds of 4k and 16k in all), then the GPU grid while the call's time allows. About 500 s with
+# the start. Carry .whl.
+START=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+mkdir -p $OUT
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+export HF_FLASHPATCH_CACHE=/tmp/cA
+timeout 150 python3 scripts/bench_backward.py --only finetune_shapes > $OUT/finetune_shapes.log 2>&1
+grep -E "fine-tune shape|ours|cudnn" $OUT/finetune_shapes.log | head -30
+for run in 1 2; do
+  timeout 120 python3 scripts/bench_backward.py --only training > $OUT/training_$run.log 2>&1
+  grep -E '^(sdpa|hfpatch)' $OUT/training_$run.log
+done
+echo "fine-tune $(( $(date +%s) - START )) s"
+LEFT=$(( 560 - ($(date +%s) - START) ))
+[ $LEFT -gt 200 ] && { bash scripts/gpu_grid.sh $OUT $(( LEFT - 30 )) > $OUT/grid.log 2>&1; tail -12 $OUT/grid.log; }
+echo "total $(( $(date +%s) - START )) s"
