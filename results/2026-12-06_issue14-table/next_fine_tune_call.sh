@@ -15,6 +15,10 @@ lscpu | grep -E '^(Model name|CPU\(s\)|CPU max MHz)'  # the host: the 4k step is
 export HF_FLASHPATCH_CACHE=/tmp/cA
 timeout 150 python3 scripts/bench_backward.py --only finetune_shapes > $OUT/finetune_shapes.log 2>&1
 grep -E "fine-tune shape|ours|cudnn" $OUT/finetune_shapes.log | head -30
+# GPU idle inside one profiled 16-layer step at 4k (wall minus the kernels' summed time): a host-bound step shows it
+timeout 120 python3 scripts/profile_training_step.py --layers 16 --seqlen 4096 --attn sdpa,hfpatch \
+  > $OUT/profile_4k.log 2>&1
+grep -E "^== " $OUT/profile_4k.log
 for run in 1 2; do
   timeout 120 python3 scripts/bench_backward.py --only training > $OUT/training_$run.log 2>&1
   grep -E '^(sdpa|hfpatch)' $OUT/training_$run.log
