@@ -5,6 +5,7 @@
 # probability, as P V reads it; masked d64 keeps main's softmax (its build spills with it), so its case must read
 # max |diff| 0. The whole GPU grid first, then the A/B. About 300 s after a start of about 100 s (the session had
 # 420 s of device time left). Carry .whl and ab.
+# The tree: main with tag s58-held-reference-rounding-draft's cuda/ and hf_flashpatch/kernels/ checked out.
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
