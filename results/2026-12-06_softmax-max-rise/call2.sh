@@ -2,9 +2,8 @@
 # The held reference with the sums' rounding (ForwardConfig.held_reference; cuda/fwd_softmax.cuh sum_as_read) against
 # main (ab/main, 6b28d45). Call 1's held reference alone gained 1.8-3.3 % at d128 but failed one accuracy test (192/128
 # 113x113 mqa full: 0.0062 against 2 x 0.0024 + 1e-3). Here the sums take the rounding of a held tile's largest
-# probability, as P V reads it; masked d64 keeps main's softmax (its build spills with it), so its case must read
-# max |diff| 0. The whole GPU grid first, then the A/B, then a profiled fine-tune step at 4k. About 500 s with the
-# start. Carry .whl and ab.
+# probability, as P V reads it, on every Hopper build. The whole GPU grid first, then the A/B, then a profiled
+# fine-tune step at 4k. About 500 s with the start. Carry .whl and ab.
 # The tree: main with tag s58-held-reference-rounding-draft's cuda/ and hf_flashpatch/kernels/ checked out.
 START=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
