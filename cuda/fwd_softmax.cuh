@@ -18,16 +18,9 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 // Which keys a row sees (WindowShifts, row_key_range): cuda/visibility.cuh.
 
-// How far (log2 units) a tile's maximum may pass a row's reference maximum before the reference moves: the
-// exponentials of a tile whose maximum stays within it use the old reference (so probabilities reach 2^8 = 256,
-// well inside bf16 / fp16 and the fp32 sums) and the output needs no rescale. Once a row's maximum settles, few
-// tiles pass it by a factor of 256, so most steps skip the rescale and its correction (FlashAttention-4's rule).
-constexpr float kMaxRiseLog2 = 8.f;
-
 // Online softmax over the key tiles of 2 * MT rows, in base 2.
 // Invariants after each tile, per row:
-//   row_max: the reference maximum (a raw score, already soft-capped): the largest seen but for rises of at most
-//            kMaxRiseLog2 / scale_log2 since it last moved; -inf if no key seen yet;
+//   row_max: the largest raw score seen so far (already soft-capped), -inf if no key seen yet;
 //   row_sum: this thread's partial sum of exp2(score * scale_log2 - row_max * scale_log2) over the
 //            keys it holds (the quad's four partial sums add up to the row's denominator);
 //   the output accumulator rows are scaled consistently with row_sum (unnormalised).
@@ -63,7 +56,6 @@ struct OnlineSoftmax {
   __device__ __forceinline__ bool exponentiate(float (&scores)[MT][NT][4], float (&correction)[MT][2],
                                                float scale_log2) {
     bool max_moved = false;
-    const float rise = kMaxRiseLog2 / scale_log2;  // in raw-score units
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -74,20 +66,12 @@ struct OnlineSoftmax {
           tile_max = fmaxf(tile_max, fmaxf(scores[mt][nt][2 * h], scores[mt][nt][2 * h + 1]));
         }
         tile_max = quad_max(tile_max);
-        // The reference moves once the tile's maximum passes it by more than kMaxRiseLog2 (scale_log2 > 0, the
-        // launch's contract), so from -inf at the first key seen; a row still without keys stays. The bound and the
-        // held reference come from the row's state alone, ahead of the tile: after the tile's maximum, one compare
-        // and one select stand before the exponentials, as in a reference that always moves. A row that stays keeps
-        // a correction of exactly 1.
-        const float bound = row_max[mt][h] == kNegInf ? kNegInf : row_max[mt][h] + rise;
+        max_moved |= tile_max != row_max[mt][h];
         // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps
         // exp2(-inf - 0) = 0 and avoids (-inf) - (-inf) = NaN.
-        const float held_scaled = row_max[mt][h] == kNegInf ? 0.f : row_max[mt][h] * scale_log2;
-        const bool moves = tile_max > bound;
-        max_moved |= moves;
-        const float max_scaled = moves ? tile_max * scale_log2 : held_scaled;
-        correction[mt][h] = moves ? exp2f(row_max[mt][h] * scale_log2 - max_scaled) : 1.f;
-        if (moves) row_max[mt][h] = tile_max;
+        const float max_scaled = tile_max == kNegInf ? 0.f : tile_max * scale_log2;
+        correction[mt][h] = exp2f(row_max[mt][h] * scale_log2 - max_scaled);
+        row_max[mt][h] = tile_max;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
