@@ -17,7 +17,7 @@ the last bits from call to call).
 Cases (bf16, layout (batch, seqlen, heads, head_dim), random inputs seeded by the case's name; a worker builds
 only the cases ``--only`` selects):
 - forward and backward (kernel time in a CUDA graph, and per eager call), 4 x 4096, 16 heads,
-  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128, causal
+  d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128 and d64, causal
   and not) and 2 x 8192 (d128, causal and not), both at 1 x 16384 (d128, causal and not), the forward at d96 and
   d256 (the mma.sync body), causal, and
   at q/k 192, v 128, causal (forward and backward);
@@ -80,7 +80,9 @@ def _case_builders(torch, hfp):
     for causal in (False, True):  # bench_forward's d128 16k rows: one sequence of 16 heads
         case(f"fwd d128 1x16k {'causal' if causal else 'full'}")(
             attention((1, 16384, 16, 128), (1, 16384, 16, 128), causal=causal))
-    case("fwd d64 8x2k causal")(attention((8, 2048, 32, 64), (8, 2048, 32, 64), causal=True))  # 256 pairs
+    for causal in (False, True):  # 256 pairs of short sequences
+        case(f"fwd d64 8x2k {'causal' if causal else 'full'}")(
+            attention((8, 2048, 32, 64), (8, 2048, 32, 64), causal=causal))
     for causal in (False, True):  # bench_forward's d64 16k rows: one sequence of 32 heads
         case(f"fwd d64 1x16k {'causal' if causal else 'full'}")(
             attention((1, 16384, 32, 64), (1, 16384, 32, 64), causal=causal))

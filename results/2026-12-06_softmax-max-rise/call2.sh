@@ -14,7 +14,7 @@ bash scripts/gpu_grid.sh $OUT 200 > $OUT/grid.log 2>&1; tail -8 $OUT/grid.log
 grep -h "kernel error\|^FAILED" $OUT/grid.log | head -5
 echo "grid $(( $(date +%s) - START )) s"
 timeout $(( 440 - ($(date +%s) - START) )) python3 scripts/ab_kernels.py --tree main=ab/main --tree held=. --rounds 3 \
-  --only "^fwd (d128 (8x2k|4x4k) (full|causal)|d128 1x16k full|d64 4x4k (full|causal)|d192/128 4x4k causal)$" \
+  --only "^fwd (d128 (8x2k|4x4k) (full|causal)|d128 1x16k full|d64 (4x4k|8x2k) (full|causal)|d192/128 4x4k causal)$" \
   > $OUT/ab.log 2>&1
 grep -A10 "after round 1 of" $OUT/ab.log | grep graph
 grep -A10 "after round 2 of" $OUT/ab.log | grep graph
