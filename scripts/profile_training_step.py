@@ -33,7 +33,7 @@ def _context(name: str):
     return nullcontext()
 
 
-def profile(name: str, layers: int, seqlen: int) -> None:
+def profile(name: str, layers: int, seqlen: int, top: int = 10) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -47,16 +47,18 @@ def profile(name: str, layers: int, seqlen: int) -> None:
             train_step(model, seqlen)
             torch.cuda.synchronize()
             wall_ms = (time.perf_counter() - t0) * 1e3
-    kernels = {}
+    kernels, launches = {}, {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels[event.name] = kernels.get(event.name, 0.0) + event.time_range.elapsed_us() / 1e3  # ms
+            launches[event.name] = launches.get(event.name, 0) + 1
     busy = sum(kernels.values())
     attention = sum(ms for kname, ms in kernels.items() if any(h in kname.lower() for h in ATTENTION_KERNEL_HINTS))
     print(f"\n== {name}: {layers} layers, seqlen {seqlen}: step {wall_ms:.1f} ms wall, {busy:.1f} ms of kernels "
-          f"(GPU idle {wall_ms - busy:.1f} ms), attention kernels {attention:.1f} ms")  # fmt: skip
-    for kname, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:10]:
-        print(f"  {ms:8.2f} ms  {kname[:110]}")
+          f"(GPU idle {wall_ms - busy:.1f} ms), attention kernels {attention:.1f} ms, "
+          f"{sum(launches.values())} GPU operations")  # fmt: skip
+    for kname, ms in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"  {ms:8.2f} ms  {launches[kname]:5d}x  {kname[:100]}")
     del model
     torch.cuda.empty_cache()
 
@@ -66,6 +68,7 @@ if __name__ == "__main__":
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--attn", default="sdpa,sdpa[flash],hfpatch")
+    parser.add_argument("--top", type=int, default=10, help="how many of the kernels with the most time to list")
     args = parser.parse_args()
     for backend in args.attn.split(","):
-        profile(backend, args.layers, args.seqlen)
+        profile(backend, args.layers, args.seqlen, args.top)
