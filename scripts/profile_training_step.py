@@ -5,8 +5,8 @@
 Builds the Llama-3.2-1B-shaped model of ``bench_training.py`` (random bf16 weights, ``layers`` layers), runs
 one warm-up step and one profiled forward + backward step of one sequence, and prints per backend: the
 step's wall time, the summed time of its GPU kernels (wall minus busy = the GPU idling, e.g. on host
-syncs), the attention kernels' share, and the ten kernels with the most total time. ``sdpa[flash]`` holds
-SDPA to its flash backend; plain ``sdpa`` lets torch choose, as a user's run does.
+syncs), the attention kernels' share, and the kernels with the most total time (ten, or ``--top``) with their launch
+counts. ``sdpa[flash]`` holds SDPA to its flash backend; plain ``sdpa`` lets torch choose, as a user's run does.
 """
 
 from __future__ import annotations
