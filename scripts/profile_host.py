@@ -1,6 +1,6 @@
 """Host time per call of the public API on CUDA (the launch overhead an eager decode loop pays per layer).
 
-    python scripts/profile_host.py [--calls 300] [--top 18] [--generate]
+    python scripts/profile_host.py [--calls 300] [--top 18] [--generate | --training]
 
 Tiny shapes (GQA 32/8, d128, batch 8, 1k keys; a 1 x 128 forward) so that the GPU never holds the host
 back: the wall time of ``--calls`` calls without synchronising, divided by the calls, is what the Python
@@ -8,6 +8,10 @@ side costs. Each API form is timed with the default table checks and with ``chec
 next to torch SDPA on the same tensors (a peer in the same run); then cProfile lists where the time of
 the paged decode call goes. ``--generate`` profiles a plain eager ``generate`` instead (the random
 8-layer Llama of ``bench_decode``, batch 1, 256 + 64 tokens), ``sdpa`` and ours, sorted by own time.
+``--training`` times the host side of a training call instead: one forward + backward of the attention (GQA 32/8,
+d64, 1 x 128, causal) through the API and through SDPA, and one step of the 4-layer Llama-3.2-1B-shaped model of
+``bench_training`` at 128 tokens per backend (host-bound: the step's wall is its host time), then cProfile of the
+API's forward + backward.
 """
 
 from __future__ import annotations
@@ -60,14 +64,51 @@ def profile_generate(top: int) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def profile_training(calls: int, top: int) -> None:
+    from bench_training import llama_1b, train_step  # this script's folder is on sys.path
+
+    dev, dt = "cuda", torch.bfloat16
+    q, k, v = (torch.randn(1, 128, h, 64, device=dev, dtype=dt, requires_grad=True) for h in (32, 8, 8))  # (B, S, H, D)
+    grad = torch.randn(1, 128, 32, 64, device=dev, dtype=dt)
+    sdpa_q, sdpa_k, sdpa_v = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))  # (B, H, S, D)
+
+    def ours():
+        hfp.flash_attn_func(q, k, v, causal=True).backward(grad)
+
+    def sdpa():
+        F.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, is_causal=True, enable_gqa=True).backward(
+            grad.transpose(1, 2))
+
+    rows = [("flash_attn_func fwd+bwd 1x128 causal", _host_us(ours, calls)),
+            ("torch sdpa fwd+bwd (peer)", _host_us(sdpa, calls))]  # fmt: skip
+    for attn in ("sdpa", hfp.ATTN_NAME):
+        model = llama_1b(4, attn)
+        step_us = _host_us(lambda: train_step(model, 128), max(calls // 20, 5))
+        rows.append((f"4-layer step at 128 tokens, {attn}", step_us))
+        del model
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        ours()
+    profiler.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+    print(f"{'form':40s} {'host us/call':>12s}")
+    for name, us in rows:
+        print(f"{name:40s} {us:12.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--top", type=int, default=18)
     parser.add_argument("--generate", action="store_true")
+    parser.add_argument("--training", action="store_true")
     args = parser.parse_args()
     if args.generate:
         return profile_generate(args.top)
+    if args.training:
+        return profile_training(args.calls, args.top)
     dev, dt = "cuda", torch.bfloat16
     batch, length, page = 8, 1024, 16
     q = torch.randn(batch, 1, 32, 128, device=dev, dtype=dt)  # (B, 1, H, D)

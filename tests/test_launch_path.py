@@ -3,7 +3,8 @@
 - the parameter buffer has the C ABI layout the CUDA kernel reads (checked against ctypes);
 - a decode plan is made once per shape and reused by every layer of a step;
 - :func:`hf_flashpatch.kernels.call_op` runs the function behind a custom op in plain eager inference,
-  and the op itself wherever torch needs it (grad, fake tensors, dispatch modes, torch.compile).
+  and the op itself wherever torch needs it (grad where the caller names no eager autograd Function: that path
+  is in ``test_eager_autograd.py``; fake tensors, dispatch modes, torch.compile).
 
 Layout (batch, seqlen, heads, head_dim).
 """

@@ -100,14 +100,17 @@ def define_op(name: str, impl, fake, tags: tuple = ()):
     return getattr(torch.ops.hf_flashpatch, name)
 
 
-def call_op(op, impl, *args):
-    """``op(*args)``, or ``impl(*args)`` in plain eager inference: the function behind the custom op ``op``,
-    or the part of it that remains for inputs the caller has already checked.
+def call_op(op, impl, *args, eager_autograd: type[torch.autograd.Function] | None = None):
+    """``op(*args)``, or in plain eager mode a path without the dispatcher: ``impl(*args)`` (the function behind
+    the custom op ``op``, or the part of it that remains for inputs the caller has already checked) where nothing
+    requires grad, and ``eager_autograd.apply(*args)`` (a :class:`torch.autograd.Function` with the op's own
+    autograd, around ``impl``) where something does.
 
-    The op is what ``torch.compile``, export, fake tensors, dispatch modes, functorch transforms and
-    autograd need. In plain eager inference (real tensors, no mode, nothing requiring grad) the
-    dispatcher only adds its per-call host cost, about as much as packing and launching the kernel,
-    which an eager decode loop pays in every layer of every step."""
+    The op is what ``torch.compile``, export, fake tensors, dispatch modes, functorch transforms and tensor
+    subclasses need. In plain eager mode the dispatcher only adds its per-call host cost: about as much as packing
+    and launching the kernel in inference (an eager decode loop pays it in every layer of every step), and in
+    training, through the op's registered autograd, several times what SDPA's whole forward and backward cost on
+    the host, which short sequences' steps pay in every layer."""
     if (
         torch.compiler.is_compiling()
         or torch.utils._python_dispatch._get_current_dispatch_mode() is not None
@@ -115,9 +118,14 @@ def call_op(op, impl, *args):
     ):
         return op(*args)
     grad = torch.is_grad_enabled()
+    needs_grad = False
     for a in args:
-        if isinstance(a, torch.Tensor) and (type(a) is not torch.Tensor or (grad and a.requires_grad)):
-            return op(*args)
+        if isinstance(a, torch.Tensor):
+            if type(a) is not torch.Tensor:
+                return op(*args)
+            needs_grad = needs_grad or (grad and a.requires_grad)
+    if needs_grad:
+        return op(*args) if eager_autograd is None else eager_autograd.apply(*args)
     return impl(*args)
 
 

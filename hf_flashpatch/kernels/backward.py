@@ -41,9 +41,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..errors import KernelUnsupported
-from . import (LOG2E, aligned, define_op, fold_scores, fold_window,  # noqa: F401 - LOG2E re-exported
+from . import (LOG2E, aligned, call_op, define_op, fold_scores, fold_window,  # noqa: F401 - LOG2E re-exported
                kernels_unavailable_reason, tma, warn_fallback_once)
 from .backward_torch import torch_backward
 from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
@@ -356,9 +357,32 @@ def _backward_fn(ctx, dout, dlse):
     max_q, max_k, scale, left, right, softcap, deterministic = ctx.attrs
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale, left, right,
-                              softcap, deterministic)  # fmt: skip
+    # the op's body itself where nothing needs the op (plain eager backward: grad mode is off in it)
+    dq, dk, dv = call_op(_backward_op, _backward_impl, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_k, scale,
+                         left, right, softcap, deterministic)  # fmt: skip
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+
+
+class EagerAttentionAutograd(torch.autograd.Function):
+    """The forward op's autograd (``_setup_context`` / ``_backward_fn``, the same saved tensors and gradients) around
+    the op's body, for plain eager training (:func:`.call_op`): no dispatcher on the way in or out. The forward
+    module sets ``body`` (this module never imports it). Inputs and outputs are the op's: ``(q, k, v, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+    deterministic)`` -> ``(out, lse)``, layouts as in the module docstring."""
+
+    body = None
+
+    @staticmethod
+    def forward(ctx, *inputs):  # no separate setup_context: with one, apply binds the arguments by inspect per call
+        output = EagerAttentionAutograd.body(*inputs)
+        ctx.set_materialize_grads(False)  # an unused lse's gradient stays None, as the op's does
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout, dlse):
+        return _backward_fn(ctx, dout, dlse)
 
 
 _registered = False

@@ -476,10 +476,13 @@ def attention_forward(
         attention_forward_op, _attention_forward_impl, q, k, v, cu_seqlens_q, cu_seqlens_k,
         int(max_seqlen_q or 0), int(max_seqlen_k or 0), scale, bool(causal),
         int(window_left), int(window_right), float(softcap or 0.0), bool(deterministic),
+        eager_autograd=EagerAttentionAutograd,
     )  # fmt: skip
 
 
 # The op's autograd lives in the backward module, which never imports this one (no import cycle).
+from .backward import EagerAttentionAutograd  # noqa: E402
 from .backward import register_autograd as _register_autograd  # noqa: E402
 
 _register_autograd()
+EagerAttentionAutograd.body = staticmethod(_attention_forward_impl)
