@@ -1,7 +1,8 @@
 """Plain eager training calls the attention forward's body through ``EagerAttentionAutograd`` (a
 ``torch.autograd.Function`` with the op's own autograd), not through the dispatcher: the same outputs and gradients
 as the custom op, the backward's body called directly, an unused lse without a gradient, a second derivative refused,
-and the op itself wherever torch needs it (a dispatch mode). On the CPU the bodies take their torch path.
+activation checkpointing unchanged, and the op itself wherever torch needs it (a dispatch mode). On the CPU the
+bodies take their torch path.
 
 Layout q ``(B, S_q, H, D)``, k/v ``(B, S_k, H_kv, D)``; varlen ``(T, H, D)`` with ``cu_seqlens``.
 """
@@ -98,3 +99,24 @@ def test_a_dispatch_mode_gets_the_op():
         out, _lse = _eager(q, k, v, None, True)
     assert any(name.startswith("hf_flashpatch.attention_forward") for name in mode.ops), mode.ops[:5]
     assert "EagerAttention" not in type(out.grad_fn).__name__
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_gives_the_same_gradients(use_reentrant):
+    """The fine-tuning scripts' gradient checkpointing: the recomputed forward takes the same path and saves the same
+    tensors (non-reentrant checkpointing matches them by order)."""
+    from torch.utils.checkpoint import checkpoint
+
+    (q, k, v), _ = _inputs(6, False)
+
+    def loss(q, k, v):
+        out, lse = _eager(q, k, v, None, True)
+        return out.sin().sum() + lse.sum()
+
+    loss(q, k, v).backward()
+    plain = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    checkpoint(loss, q, k, v, use_reentrant=use_reentrant).backward()
+    for name, want, t in zip("qkv", plain, (q, k, v)):
+        assert torch.equal(t.grad, want), name
