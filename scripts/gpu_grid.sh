@@ -21,7 +21,7 @@ group forward tests/gpu/test_forward.py tests/gpu/test_forward_walks.py &
 group forward_chained tests/gpu/test_forward_chained_walk.py tests/gpu/test_forward_split_tail.py &
 group backward_core tests/gpu/test_backward.py -k "not varlen" &
 group backward_varlen_vdim tests/gpu/test_backward.py tests/gpu/test_value_head_dim_gpu.py -k "varlen or value_head_dim" &
-group training_sinks tests/gpu/test_training.py tests/gpu/test_sinks_gpu.py &
+group training_sinks tests/gpu/test_training.py tests/gpu/test_sinks_gpu.py tests/gpu/test_misaligned_inputs.py &
 group decode_backend tests/gpu/test_decode.py tests/gpu/test_bad_tables.py tests/gpu/test_paged_generate.py \
   tests/gpu/test_build_gpu.py tests/gpu/test_compile_gpu.py tests/gpu/test_backend_gpu.py \
   tests/gpu/test_architectures_gpu.py tests/gpu/test_bidirectional_gpu.py &

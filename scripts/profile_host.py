@@ -11,7 +11,10 @@ the paged decode call goes. ``--generate`` profiles a plain eager ``generate`` i
 ``--training`` times the host side of a training call instead: one forward + backward of the attention (GQA 32/8,
 d64, 1 x 128, causal) through the API and through SDPA, and one step of the 4-layer Llama-3.2-1B-shaped model of
 ``bench_training`` at 128 tokens per backend (host-bound: the step's wall is its host time), then cProfile of the
-API's forward + backward.
+API's forward + backward. Its rows after the totals time the call's pieces (the forward without and with grad, the
+forward's launch, the backward's kernel body and its whole body, one launch, a no-op autograd Function of the same
+tensors, SDPA's forward) and then the timeline: each function of the call timed where it runs, the backward's on
+autograd's device thread included.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ def profile_training(calls: int, top: int) -> None:
 
     rows = [("flash_attn_func fwd+bwd 1x128 causal", _host_us(ours, calls)),
             ("torch sdpa fwd+bwd (peer)", _host_us(sdpa, calls))]  # fmt: skip
+    rows += _training_parts(q, k, v, grad, sdpa_q, sdpa_k, sdpa_v, calls)
+    rows += _training_timeline(q, k, v, grad, calls)
     for attn in ("sdpa", hfp.ATTN_NAME):
         model = llama_1b(4, attn)
         step_us = _host_us(lambda: train_step(model, 128), max(calls // 20, 5))
@@ -96,6 +101,124 @@ def profile_training(calls: int, top: int) -> None:
     print(f"{'form':40s} {'host us/call':>12s}")
     for name, us in rows:
         print(f"{name:40s} {us:12.1f}")
+
+
+def _training_timeline(q, k, v, grad, calls: int) -> list[tuple[str, float]]:
+    """Inclusive host time per call of the functions a training call runs, by wrapping each where its callers look it
+    up (module globals, class attributes), so the backward's, which the autograd engine runs on its device thread,
+    are timed where they run; and the engine's own time around the backward's body (the call's ``.backward()`` less
+    the body)."""
+    from hf_flashpatch import api
+    from hf_flashpatch.kernels import backward, build, forward, tma
+
+    spent: dict[str, float] = {}
+    targets = [(api, "_kernel_call"), (api, "_finish"), (api, "check_qkv"), (api, "check_scalars"),
+               (forward, "_launch"), (forward, "_check_supported"), (forward, "needs_padding"),
+               (forward, "kv_maps"), (forward, "output_map"), (forward, "query_map"), (forward, "packed_rows_map"),
+               (forward, "get_kernel"), (forward.ForwardConfig, "for_problem"), (forward, "chain_form"),
+               (forward, "_split_tail"), (forward, "device_arch"),
+               (backward, "_backward_fn"), (backward, "_backward_impl"), (backward, "check_supported"),
+               (backward, "_kernel_backward"), (backward, "_tensor_maps"), (backward, "get_kernel"),
+               (backward.BackwardConfig, "build"), (tma, "descriptor"), (tma, "stats_descriptor"),
+               (tma, "reduce_descriptor"), (build.Kernel, "pack"), (build.Kernel, "launch")]  # fmt: skip
+    originals = []
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    for owner, attr in targets:
+        fn = owner.__dict__[attr]
+        originals.append((owner, attr, fn))
+        name = f"{owner.__name__.rsplit('.', 1)[-1]}.{attr}"
+        wrapped = timed(name, fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn)
+        setattr(owner, attr, classmethod(wrapped) if isinstance(fn, classmethod) else wrapped)
+    try:
+        for _ in range(5):
+            hfp.flash_attn_func(q, k, v, causal=True).backward(grad)
+        torch.cuda.synchronize()
+        spent.clear()
+        forward_s = backward_s = 0.0
+        for _ in range(calls):
+            start = time.perf_counter()
+            out = hfp.flash_attn_func(q, k, v, causal=True)
+            middle = time.perf_counter()
+            out.backward(grad)
+            forward_s += middle - start
+            backward_s += time.perf_counter() - middle
+        torch.cuda.synchronize()
+    finally:
+        for owner, attr, fn in originals:
+            setattr(owner, attr, fn)
+    rows = [("timeline: flash_attn_func (forward)", forward_s), ("timeline: .backward()", backward_s),
+            ("timeline: .backward() less its body", backward_s - spent.get("backward._backward_fn", 0.0))]  # fmt: skip
+    rows += [(f"  {name}", total) for name, total in spent.items()]
+    return [(name, total * 1e6 / calls) for name, total in rows]
+
+
+def _training_parts(q, k, v, grad, sdpa_q, sdpa_k, sdpa_v, calls: int) -> list[tuple[str, float]]:
+    """Host time of the pieces of one training call (the rows after the two totals)."""
+    from hf_flashpatch.kernels import backward, build, forward
+
+    causal = dict(causal=True)
+    with torch.no_grad():
+        out, lse = forward.attention_forward(q, k, v, softmax_scale=None, window_left=-1, window_right=-1,
+                                             softcap=None, **causal)  # fmt: skip
+    cfg = backward.check_supported(q, k, v, 0.0)
+    scale = q.shape[-1] ** -0.5
+    convert = build.get_kernel(cfg.build(), "bwd_convert_dq", q.device)
+    accum = torch.zeros(1, 1, 128, 64, device=q.device)  # (B, H, rows, D) fp32, one tiny launch's workspace
+    dq = torch.empty(1, 128, 1, 64, device=q.device, dtype=q.dtype)
+
+    def forward_no_grad():
+        with torch.no_grad():
+            hfp.flash_attn_func(q, k, v, causal=True)
+
+    def sdpa_no_grad():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, is_causal=True, enable_gqa=True)
+
+    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+
+    class NoOpAttention(torch.autograd.Function):  # the engine's own cost for a Python Function of these tensors
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return out.clone()
+
+        @staticmethod
+        def backward(ctx, dout):
+            return grads
+
+    saved = (q.detach(), k.detach(), v.detach(), out, lse, None, None)
+    ctx = type("Ctx", (), {"saved_tensors": saved, "attrs": (128, 128, scale, -1, 0, 0.0, False)})()
+
+    def backward_fn():
+        with torch.no_grad():
+            backward._backward_fn(ctx, grad, None)
+
+    parts = {
+        "  no-op Function fwd+bwd": lambda: NoOpAttention.apply(q, k, v).backward(grad),
+        "  backward._backward_fn, no grad": backward_fn,
+        "  fwd, no grad": forward_no_grad,
+        "  fwd with grad, graph dropped": lambda: hfp.flash_attn_func(q, k, v, causal=True),
+        "  forward._launch": lambda: forward._launch(q, k, v, None, None, 0, 0, scale, True, -1, -1, 0.0),
+        "  backward._kernel_backward": lambda: backward._kernel_backward(
+            cfg, grad, q, k, v, out, lse, None, None, None, 128, 128, scale, -1, 0, 0.0, False),
+        "  one launch (pack + launch)": lambda: convert((1, 1, 1), (256, 1, 1), accum, dq, 1, 128, 128, 1.0,
+                                                        tensors=(accum, dq)),  # fmt: skip
+        "  torch.empty on cuda": lambda: torch.empty(2, 1, 32, 256, device=q.device),
+        "  get_device_capability": lambda: torch.cuda.get_device_capability(q.device),
+        "  sdpa fwd, no grad (peer)": sdpa_no_grad,
+        "  sdpa fwd with grad (peer)": lambda: F.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v, is_causal=True,
+                                                                              enable_gqa=True),  # fmt: skip
+    }
+    return [(name, _host_us(fn, calls)) for name, fn in parts.items()]
 
 
 def main() -> None:

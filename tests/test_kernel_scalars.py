@@ -163,6 +163,12 @@ def test_backward_preprocess_gets_the_dq_workspace(recorder, deterministic):
     assert workspace.shape[3] == HEAD_DIM and workspace.shape[2] >= q.shape[1] and workspace.shape[2] % 32 == 0
     assert calls["bwd_dkdv_dq_atomic"][4 + 6] is workspace  # after the four maps: q, k, v, dout, lse2, D
     assert calls["bwd_convert_dq"][0] is workspace
+    # one allocation holds the row statistics and, after them, the workspace (16-byte aligned for its TMA map)
+    lse2, dvec = calls["bwd_preprocess"][4:6]
+    storages = {t.untyped_storage().data_ptr() for t in (workspace, lse2, dvec)}
+    assert len(storages) == 1
+    assert workspace.data_ptr() >= dvec.data_ptr() + dvec.numel() * 4 and workspace.data_ptr() % 16 == 0
+    assert workspace.is_contiguous() and lse2.is_contiguous()
 
 
 @pytest.mark.parametrize("causal, varlen, ctas, section", [(False, False, 132, 0), (True, False, 132, 0),

@@ -132,8 +132,7 @@ def kernel_device(monkeypatch):
     monkeypatch.setattr(backward, "kernels_unavailable_reason", lambda tensor: None)
     monkeypatch.setattr(forward, "_check_supported", lambda q, k, v: None)  # its head-dim rules: tests below
     monkeypatch.setattr(forward, "arch_of", lambda q: "sm_90a")  # the padding widths of Hopper (no 96)
-    monkeypatch.setattr(backward, "arch_for_capability", lambda *capability: "sm_90a")
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(backward, "device_arch", lambda device: "sm_90a")
     real_choose = backward.BackwardConfig.choose  # the shipped config of the head dim, whatever the test's dtype
     monkeypatch.setattr(backward.BackwardConfig, "choose", staticmethod(
         lambda head_dim, dtype, *args, **kwargs: real_choose(head_dim, torch.bfloat16, *args, **kwargs)))

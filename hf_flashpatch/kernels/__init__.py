@@ -51,9 +51,15 @@ def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
 
 def aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when the kernels' 16-byte loads (cp.async chunks, TMA rows) can read it in place: a contiguous
-    last dim, rows 16-byte aligned; else a contiguous copy."""
-    ok = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
-    return t if ok else t.contiguous()
+    last dim, rows 16-byte aligned; else a contiguous copy in a fresh allocation (``contiguous()`` would return a
+    contiguous tensor at an unaligned address, say ``x[1:]``, as it is)."""
+    strides = t.stride()
+    if strides[-1] != 1 or t.data_ptr() % 16:
+        return t.clone(memory_format=torch.contiguous_format)
+    for stride in strides[:-1]:  # a loop, not all() over a generator: every launch asks for each of its tensors
+        if stride % 8:
+            return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 def fold_window(causal: bool, window_left: int, window_right: int) -> tuple[int, int]:

@@ -47,7 +47,7 @@ from ..errors import KernelUnsupported
 from . import (LOG2E, aligned, call_op, define_op, fold_scores, fold_window,  # noqa: F401 - LOG2E re-exported
                kernels_unavailable_reason, tma, warn_fallback_once)
 from .backward_torch import torch_backward
-from .build import KernelBuild, arch_for_capability, get_kernel, sm_count
+from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .heuristics import BACKWARD_HEAD_DIMS as SUPPORTED_HEAD_DIMS
 from .heuristics import (HOPPER_BACKWARD_VALUE_HEAD_DIMS, backward_tiles, native_backward_value_head_dim,
                          padding_head_dims)
@@ -112,6 +112,13 @@ class BackwardConfig:
         return BackwardConfig(head_dim, dtype == torch.bfloat16, bool(softcap), arch=arch, **tiles)
 
     def build(self) -> KernelBuild:
+        """The compile-cache key of this config (made once per config: every launch asks)."""
+        found = _BUILDS.get(self)
+        if found is None:
+            found = _BUILDS.setdefault(self, self._make_build())
+        return found
+
+    def _make_build(self) -> KernelBuild:
         defines = (
             ("HEAD_DIM", self.head_dim), ("ELEM_BF16", int(self.bf16)), ("HAS_SOFTCAP", int(self.softcap)),
             ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
@@ -127,6 +134,9 @@ class BackwardConfig:
             if self.head_dim_v is not None:
                 defines += (("HEAD_DIM_V", self.head_dim_v),)
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
+
+
+_BUILDS: dict[BackwardConfig, KernelBuild] = {}
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
@@ -163,7 +173,7 @@ def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softcap: 
     if k.shape[-1] != q.shape[-1]:
         raise KernelUnsupported(f"backward kernel needs k's head_dim == q's, got {tuple(k.shape)} and {tuple(q.shape)}")
     head_dim, head_dim_v = q.shape[-1], v.shape[-1]
-    arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
+    arch = device_arch(q.device)
     if head_dim_v != head_dim and native_backward_value_head_dim(head_dim, head_dim_v, arch, bool(softcap),
                                                                  bool(deterministic)):  # fmt: skip
         return BackwardConfig.choose(head_dim, q.dtype, bool(softcap), arch, bool(deterministic), head_dim_v)
@@ -203,13 +213,14 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
         cu_q, cu_k = (c.to(device=q.device, dtype=torch.int32).contiguous() for c in (cu_q, cu_k))
 
         def strides(t):  # (T, H, D): no batch stride, sequence b starts at cu_seqlens[b]
-            return 0, t.stride(0), t.stride(1)
+            stride = t.stride()
+            return 0, stride[0], stride[1]
     else:
         batch, seqlen_q = q.shape[0], q.shape[1]
         seqlen_k, batch_ws, rows_valid = k.shape[1], batch, seqlen_q
 
         def strides(t):  # (B, S, H, D)
-            return t.stride(0), t.stride(1), t.stride(2)
+            return t.stride()[:3]
 
     rows_pad = (rows_valid + _ROW_PAD - 1) // _ROW_PAD * _ROW_PAD + _ROW_PAD
     device = q.device
@@ -221,11 +232,15 @@ def _kernel_backward(cfg, dout, q, k, v, out, lse, dlse, cu_q, cu_k, max_q, max_
     build = cfg.build()
     entries = ("bwd_dkdv", "bwd_dq") if deterministic else ("bwd_dkdv_dq_atomic", "bwd_convert_dq")
     pre, dkdv, last = (get_kernel(build, entry, device) for entry in ("bwd_preprocess", *entries))
-    stats = torch.empty(2, batch_ws, heads, rows_pad, dtype=torch.float32, device=device)  # one map covers both
+    # One fp32 allocation: the row statistics (2, B, H, rows_pad), one map covering both, then the dQ workspace
+    # (B, H, rows_pad, D) the dK/dV kernel adds into, which bwd_preprocess zeroes (the deterministic pair has none).
+    # rows_pad is a multiple of 128, so the workspace starts 1 KB aligned.
+    stats_size = 2 * batch_ws * heads * rows_pad
+    dq_size = 0 if deterministic else batch_ws * heads * rows_pad * head_dim
+    workspace = torch.empty(stats_size + dq_size, dtype=torch.float32, device=device)
+    stats = workspace[:stats_size].view(2, batch_ws, heads, rows_pad)
     lse2, dvec = stats[0], stats[1]  # lse * log2(e); rowsum(dO * O) - dLSE
-    # the fp32 dQ workspace the dK/dV kernel adds into; bwd_preprocess zeroes it (the deterministic pair has none)
-    dq_accum = None if deterministic else torch.empty(batch_ws, heads, rows_pad, head_dim, dtype=torch.float32,
-                                                      device=device)  # fmt: skip
+    dq_accum = None if deterministic else workspace[stats_size:].view(batch_ws, heads, rows_pad, head_dim)
     pre((rows_pad // 32, heads, batch_ws), (128, 1, 1), out, dout, lse, dlse, lse2, dvec, dq_accum,
         cu_q if varlen else None, batch, *strides(out), *strides(dout), heads, rows_valid, rows_pad,
         tensors=(out, dout, lse, lse2, dvec) + ((dlse,) if dlse is not None else ()) + ((cu_q,) if varlen else ())

@@ -317,7 +317,10 @@ class Kernel:
         values = list(args)
         for i in self.pointer_positions:
             value = values[i]
-            values[i] = 0 if value is None else value.data_ptr() if isinstance(value, torch.Tensor) else value
+            if value is None:
+                values[i] = 0
+            elif isinstance(value, torch.Tensor):
+                values[i] = value.data_ptr()
         return self._leading + self.packer.pack(*values)
 
     def __call__(self, grid, block, *args, shared_bytes: int = 0, tensors=()):
@@ -406,4 +409,12 @@ def sm_count(device_index: int) -> int:
 
 
 def device_arch(device: torch.device) -> str:
-    return arch_for_capability(*torch.cuda.get_device_capability(device))
+    """The kernels' arch for CUDA ``device`` (asked once per device: every launch asks, and torch's query costs a
+    few microseconds of host time each)."""
+    index = device.index
+    return _arch_of_device(torch.cuda.current_device() if index is None else index)
+
+
+@functools.lru_cache(maxsize=None)
+def _arch_of_device(device_index: int) -> str:
+    return arch_for_capability(*torch.cuda.get_device_capability(device_index))

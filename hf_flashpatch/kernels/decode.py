@@ -80,11 +80,12 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
 
 
 def _aligned_q(q: torch.Tensor) -> torch.Tensor:
-    """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed)."""
+    """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed; a fresh one, since
+    ``contiguous()`` returns a contiguous q at an unaligned address as it is)."""
     misaligned = not torch.compiler.is_compiling() and q.data_ptr() % 16
     strides = q.stride()
     if misaligned or strides[-1] != 1 or any(s % 8 for s in strides[:-1]):
-        return q.contiguous()
+        return q.clone(memory_format=torch.contiguous_format)
     return q
 
 

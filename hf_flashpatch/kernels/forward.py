@@ -33,6 +33,7 @@ The op's autograd is registered by :mod:`hf_flashpatch.kernels.backward`.
 """
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -146,9 +147,7 @@ class ForwardConfig:
                     arch: str = "sm_80", head_dim_v: int | None = None):  # fmt: skip
         head_dim_v = None if head_dim_v == head_dim else head_dim_v
         shape = shape or forward_tile_shape(head_dim, arch, has_mask=has_mask, head_dim_v=head_dim_v)
-        # every TileShape field is a ForwardConfig field of the same name (vars: a shallow read, as this runs on
-        # every launch; dataclasses.asdict deep-copies, 30x the time)
-        return cls(head_dim=head_dim, dtype=dtype, has_mask=has_mask, head_dim_v=head_dim_v, **vars(shape))
+        return _config_of(cls, head_dim, dtype, has_mask, shape, head_dim_v)
 
     @property
     def entry(self) -> str:
@@ -159,6 +158,13 @@ class ForwardConfig:
         return 32 * self.num_warps
 
     def build(self, arch: str = "sm_90a") -> KernelBuild:
+        """The compile-cache key of this config on ``arch`` (made once per config and arch: every launch asks)."""
+        found = _BUILDS.get((self, arch))
+        if found is None:
+            found = _BUILDS.setdefault((self, arch), self._make_build(arch))
+        return found
+
+    def _make_build(self, arch: str) -> KernelBuild:
         if self.wgmma:
             if arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
@@ -188,6 +194,16 @@ class ForwardConfig:
             ("ELEM_BF16", int(self.dtype == "bf16")), ("HAS_MASK", int(self.has_mask)),
         )  # fmt: skip
         return KernelBuild("fwd.cu", tuple((name, str(value)) for name, value in defines), arch)
+
+
+@functools.lru_cache(maxsize=256)  # a config is validated once (every launch asks for its config)
+def _config_of(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape, head_dim_v: int | None):
+    # every TileShape field is a ForwardConfig field of the same name (vars: a shallow read; dataclasses.asdict
+    # deep-copies, 30x the time)
+    return cls(head_dim=head_dim, dtype=dtype, has_mask=has_mask, head_dim_v=head_dim_v, **vars(shape))
+
+
+_BUILDS: dict[tuple[ForwardConfig, str], KernelBuild] = {}
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
