@@ -49,12 +49,13 @@ def kernels_unavailable_reason(tensor: torch.Tensor) -> str | None:
     return _device_problem(tensor.device.index)
 
 
-def aligned(t: torch.Tensor) -> torch.Tensor:
+def aligned(t: torch.Tensor, check_address: bool = True) -> torch.Tensor:
     """``t`` itself when the kernels' 16-byte loads (cp.async chunks, TMA rows) can read it in place: a contiguous
     last dim, rows 16-byte aligned; else a contiguous copy in a fresh allocation (``contiguous()`` would return a
-    contiguous tensor at an unaligned address, say ``x[1:]``, as it is)."""
+    contiguous tensor at an unaligned address, say ``x[1:]``, as it is). ``check_address=False``: the strides only
+    (a traced call, whose tensors have no address yet)."""
     strides = t.stride()
-    if strides[-1] != 1 or t.data_ptr() % 16:
+    if strides[-1] != 1 or (check_address and t.data_ptr() % 16):
         return t.clone(memory_format=torch.contiguous_format)
     for stride in strides[:-1]:  # a loop, not all() over a generator: every launch asks for each of its tensors
         if stride % 8:

@@ -36,6 +36,7 @@ pycuda/nvcc, compute capability < 8.0, less shared memory than the tiles need) r
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -111,14 +112,9 @@ class BackwardConfig:
         tiles = backward_tiles(head_dim, bool(softcap), arch, deterministic, head_dim_v=head_dim_v)
         return BackwardConfig(head_dim, dtype == torch.bfloat16, bool(softcap), arch=arch, **tiles)
 
+    @functools.lru_cache(maxsize=None)  # made once per config: every launch asks (configs are few)
     def build(self) -> KernelBuild:
-        """The compile-cache key of this config (made once per config: every launch asks)."""
-        found = _BUILDS.get(self)
-        if found is None:
-            found = _BUILDS.setdefault(self, self._make_build())
-        return found
-
-    def _make_build(self) -> KernelBuild:
+        """The compile-cache key of this config."""
         defines = (
             ("HEAD_DIM", self.head_dim), ("ELEM_BF16", int(self.bf16)), ("HAS_SOFTCAP", int(self.softcap)),
             ("BLOCK_M", self.block_m), ("NUM_WARPS", self.num_warps), ("D_SPLIT", self.d_split),
@@ -134,9 +130,6 @@ class BackwardConfig:
             if self.head_dim_v is not None:
                 defines += (("HEAD_DIM_V", self.head_dim_v),)
         return KernelBuild("bwd.cu", tuple((n, str(v)) for n, v in defines), self.arch)
-
-
-_BUILDS: dict[BackwardConfig, KernelBuild] = {}
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:

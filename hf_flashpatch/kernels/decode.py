@@ -30,7 +30,8 @@ import torch
 
 from ..errors import KernelUnsupported
 from . import (
-    ScoreScales, call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason, warn_fallback_once,
+    ScoreScales, aligned, call_op, fold_scores, fold_window, forward_torch, kernels_unavailable_reason,
+    warn_fallback_once,
 )
 from .build import KernelBuild, device_arch, get_kernel, sm_count
 from .decode_config import (  # noqa: F401 - re-exported: the decode module is where callers look for them
@@ -80,13 +81,9 @@ def _check_common(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
 
 
 def _aligned_q(q: torch.Tensor) -> torch.Tensor:
-    """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed; a fresh one, since
-    ``contiguous()`` returns a contiguous q at an unaligned address as it is)."""
-    misaligned = not torch.compiler.is_compiling() and q.data_ptr() % 16
-    strides = q.stride()
-    if misaligned or strides[-1] != 1 or any(s % 8 for s in strides[:-1]):
-        return q.clone(memory_format=torch.contiguous_format)
-    return q
+    """q as the kernel reads it: 16-byte aligned rows (q is small, so a copy is cheap when needed). Called before the
+    op too, where torch.compile traces q without an address: its strides only there."""
+    return aligned(q, check_address=not torch.compiler.is_compiling())
 
 
 def _scales(head_dim: int, softmax_scale, softcap) -> ScoreScales:

@@ -157,14 +157,9 @@ class ForwardConfig:
     def threads(self) -> int:
         return 32 * self.num_warps
 
+    @functools.lru_cache(maxsize=None)  # made once per config and arch: every launch asks (configs are few)
     def build(self, arch: str = "sm_90a") -> KernelBuild:
-        """The compile-cache key of this config on ``arch`` (made once per config and arch: every launch asks)."""
-        found = _BUILDS.get((self, arch))
-        if found is None:
-            found = _BUILDS.setdefault((self, arch), self._make_build(arch))
-        return found
-
-    def _make_build(self, arch: str) -> KernelBuild:
+        """The compile-cache key of this config on ``arch``."""
         if self.wgmma:
             if arch != "sm_90a":
                 raise KernelUnsupported(f"the wgmma forward body needs sm_90a, got {arch}")
@@ -201,9 +196,6 @@ def _config_of(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape,
     # every TileShape field is a ForwardConfig field of the same name (vars: a shallow read; dataclasses.asdict
     # deep-copies, 30x the time)
     return cls(head_dim=head_dim, dtype=dtype, has_mask=has_mask, head_dim_v=head_dim_v, **vars(shape))
-
-
-_BUILDS: dict[tuple[ForwardConfig, str], KernelBuild] = {}
 
 
 def all_builds(arch: str = "sm_90a") -> list[KernelBuild]:
