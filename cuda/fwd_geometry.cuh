@@ -64,9 +64,10 @@ struct FwdParams {
   int tail_parts;
   float* __restrict__ partials;
   int* __restrict__ part_counters;
-  // Masked persistent walks: the host's list of each CTA's works (hf_flashpatch/kernels/work_list.py), nullptr for the
-  // snake walk (walk_work). work_list[b] .. work_list[b + 1] - 1 index CTA b's works in work_list[gridDim.x + 1 + i],
-  // each a work index of the pair-major order (persistent_work with work_section 0), in the order the CTA walks them.
+  // Persistent walks: the host's list of each CTA's works (hf_flashpatch/kernels/work_list.py), nullptr for the
+  // walk's rounds (walk_work). work_list[b] .. work_list[b + 1] - 1 index CTA b's works in
+  // work_list[gridDim.x + 1 + i], each a work index of the pair-major order (persistent_work with work_section 0), in
+  // the order the CTA walks them.
   const int* __restrict__ work_list;
 };
 
@@ -308,26 +309,19 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
       const QueryTile tile = query_tile<false, kBlockM, kBlockN>(p, persistent_work<kBlockM>(p, w));
       if (!tile.empty()) body(tile);
     }
-  } else if constexpr (kWindowed) {
-    // The host's list (p.work_list) or the snake walk's rounds; the next work's index is read one work ahead, so a
-    // listed walk's read of it waits under the work before.
+  } else {
+    // The host's list (p.work_list) or the walk's rounds (masked: the snake's); the next work's index is read one
+    // work ahead, so a listed walk's read of it waits under the work before.
     const int grid = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
     const int* const listed = p.work_list;
     const int end = listed != nullptr ? listed[b + 1] : (num_work + grid - 1) / grid;
     int i = listed != nullptr ? listed[b] : 0;
-    int next = listed != nullptr ? (i < end ? listed[grid + 1 + i] : num_work) : walk_work<true>(0);
+    int next = listed != nullptr ? (i < end ? listed[grid + 1 + i] : num_work) : walk_work<kWindowed>(0);
     for (; i < end; ++i) {
       const int w = next;
-      if (i + 1 < end) next = listed != nullptr ? listed[grid + 2 + i] : walk_work<true>(i + 1);
+      if (i + 1 < end) next = listed != nullptr ? listed[grid + 2 + i] : walk_work<kWindowed>(i + 1);
       if (w >= num_work) continue;
-      const QueryTile tile = query_tile<true, kBlockM, kBlockN, true>(p, persistent_work<kBlockM>(p, w));
-      if (!tile.empty()) body(tile);
-    }
-  } else {
-    for (int round = 0; round * static_cast<int>(gridDim.x) < num_work; ++round) {
-      const int w = walk_work<false>(round);
-      if (w >= num_work) continue;
-      const QueryTile tile = query_tile<false, kBlockM, kBlockN, false>(p, persistent_work<kBlockM>(p, w));
+      const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
       if (!tile.empty()) body(tile);
     }
   }

@@ -20,7 +20,7 @@ only the cases ``--only`` selects):
   d128, causal and not; d64 (forward: causal and not; backward: causal); the forward at 8 x 2048 (d128 and d64, causal
   and not) and 2 x 8192 (d128, causal and not), both at 1 x 16384 (d128, causal and not), the forward at d96 and
   d256 (the mma.sync body), causal, and
-  at q/k 192, v 128, causal (forward and backward);
+  at q/k 192, v 128 (forward: causal and not; backward: causal);
 - decode over a contiguous cache and over a shuffled paged pool (page 16), GQA 32/8, d128: kernel
   time in a CUDA graph (host checks skipped under capture), and per eager call with the default
   host-side table checks and without them (``check_inputs=False``; the older API has no check): the
@@ -91,7 +91,9 @@ def _case_builders(torch, hfp):
             attention((batch, seqlen, 32, 64), (batch, seqlen, 8, 64), causal=True))
     for d in (96, 256):  # head dims the mma.sync body serves on every GPU
         case(f"fwd d{d} 4x4k causal")(attention((4, 4096, 16, d), (4, 4096, 16, d), causal=True))
-    case("fwd d192/128 4x4k causal")(attention((4, 4096, 16, 192), (4, 4096, 16, 192), d_v=128, causal=True))
+    for causal in (False, True):  # multi-head latent attention's q/k 192, v 128
+        case(f"fwd d192/128 4x4k {'causal' if causal else 'full'}")(
+            attention((4, 4096, 16, 192), (4, 4096, 16, 192), d_v=128, causal=causal))
 
     # the backward kernel alone (the op autograd calls) on the forward kernel's out / lse, so that a CUDA graph
     # captures it (autograd would run it on the stream of the forward, outside the capture)

@@ -19,6 +19,9 @@ class RecordingKernel:
         self._real.pack(args)  # raises where the real launch would
         return tuple(args)  # kept unpacked, so tests can read the values as the launcher computed them
 
+    def resident_clusters(self, cluster: int, threads: int) -> int:
+        return 132 // cluster  # an H100 / H200 holds a full grid of clusters (build.Kernel.resident_clusters)
+
     def launch(self, grid, block, params, **kwargs) -> None:
         self.calls.append((self.entry, grid, params))
 

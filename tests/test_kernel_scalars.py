@@ -244,6 +244,23 @@ def test_leading_rows_move_the_short_tile_first():
             assert (-(packed + lead)) % block_m < 64  # the last tile short of less than a warpgroup
 
 
+def test_a_listed_walk_is_refused_for_the_chained_walk(recorder):
+    """The chained walk's math warps walk rounds (chain_work) while its producer would follow a list: a schedule with
+    one is refused before any launch, and the same schedule without it launches."""
+    from hf_flashpatch.kernels import work_list
+    from hf_flashpatch.kernels.heuristics import HopperSchedule
+
+    q, k, v = (torch.zeros(8, 2048, 16, 128, dtype=torch.float16) for _ in range(3))  # (B, S, H, D): 2048 works
+    walk = work_list.dealt_walk((1.0,) * 16, 128, 132)
+    with pytest.raises(RuntimeError, match="listed walk chosen for a chained build"):
+        forward._launch(q, k, v, None, None, None, None, None, False, -1, -1, None,
+                        schedule=HopperSchedule(132, listed=walk))  # fmt: skip
+    assert recorder.launches == []
+    forward._launch(q, k, v, None, None, None, None, None, False, -1, -1, None, schedule=HopperSchedule(132))
+    ((_entry, grid, args),) = recorder.launches
+    assert grid == (132, 1, 1) and args[-1] is None
+
+
 def test_hopper_forward_schedule_decisions():
     """The decision room's choices for the Hopper forward's grid, from its schedule model: persistent and balanced
     where the model finds a walk 2 % under one CTA per tile, K/V of a section within the L2 budget."""
@@ -254,6 +271,19 @@ def test_hopper_forward_schedule_decisions():
                                                   kv_bytes)  # fmt: skip
 
     assert schedule(2048, 128, 128, right=-1) == heuristics.HopperSchedule(132)  # unmasked: persistent, pair-major
+    # unmasked d64 2k, 32 heads x 8 sequences: a pair's last tile has 128 of 192 rows. Where the build leaves a
+    # warpgroup without rows idle, the works are dealt out (short tiles to the CTAs with a work more) within a short
+    # tile of the ideal, 2 % under the plain walk; 2 x 8k (43 tiles a pair, 2752 works) gains nothing from it
+    d64 = heuristics.hopper_forward_schedule(2048, 2048, 1, 192, 128, -1, -1, 256, 132, False, 1 << 20, True)
+    assert (d64.ctas, d64.section) == (132, 0) and d64.listed.ctas == 132
+    short = heuristics.BUSY_WARPGROUPS_WORK_SHARE[(2, 3)] * (16 + heuristics.WORK_TILE_OVERHEAD)
+    weights = (short,) + (16 + heuristics.WORK_TILE_OVERHEAD,) * 10
+    ideal = sum(weights) * 256 / 132
+    assert d64.listed.makespan < min(ideal + short, 0.98 * work_list.plain_makespan(weights, 256, 132))
+    assert heuristics.hopper_forward_schedule(2048, 2048, 1, 192, 128, -1, -1, 256, 132, False, 1 << 20,
+                                              False) == heuristics.HopperSchedule(132)  # fmt: skip
+    assert heuristics.hopper_forward_schedule(8192, 8192, 1, 192, 128, -1, -1, 64, 132, False, 1 << 20,
+                                              True) == heuristics.HopperSchedule(132)  # fmt: skip
     assert schedule(2048, 128, 4, right=-1) == heuristics.HopperSchedule(64)  # fewer tiles than SMs
     assert schedule(2048, 128, 128, varlen=True) == heuristics.HopperSchedule(16 * 128)  # varlen: one CTA per tile
     assert schedule(512, 128, 8) == heuristics.HopperSchedule(32)  # one round: one CTA per tile

@@ -122,3 +122,60 @@ def test_the_one_pass_makespan_is_the_tailed_snakes_least(seqlen, block_m, pairs
     assert makespan == least and tail_rounds == min(k for k, v in each.items() if v == least)
     walk = work_list.listed_walk(weights, pairs, section, 132)
     assert (walk.makespan, walk.tail_rounds) == (makespan, tail_rounds)
+
+
+# An unmasked walk dealt out on the host (work_list.dealt_walk): a pair's last query tile (m_rev 0) lighter, as where
+# it leaves warpgroups idle. (count, pairs, ctas, short, full): d64 2k and 4k at 16k tokens, a partial last round, a
+# grid larger than half the works, fewer works than CTAs.
+DEALT = [(11, 256, 132, 11.7, 17.0), (22, 128, 132, 17.0, 33.0), (7, 9, 10, 1.0, 4.0), (5, 13, 40, 2.0, 3.0),
+         (3, 2, 8, 1.0, 2.0)]
+
+
+@pytest.mark.parametrize("count, pairs, ctas, short, full", DEALT)
+def test_the_dealt_walk_deals_every_work_once_in_order_and_the_tail_heaviest_first(count, pairs, ctas, short, full):
+    """Every work once; CTA b's first work is b where there are as many (round 0 as the plain walk's); each CTA's
+    works before the dealt-out tail come in the pair-major order (the CTAs running at one time read a few pairs'
+    K/V), those after it heaviest first; the makespan is the table's largest load."""
+    weights = (short,) + (full,) * (count - 1)
+    walk = work_list.dealt_walk(weights, pairs, ctas)
+    offsets, works = walk.table[: ctas + 1], walk.table[ctas + 1 :]
+    assert walk.ctas == ctas and offsets[0] == 0 and offsets[-1] == len(works) and list(offsets) == sorted(offsets)
+    assert sorted(works) == list(range(count * pairs))
+    lists = _lists(walk)
+    head = max(0, count * pairs // ctas - walk.tail_rounds) * ctas
+    for b, cta in enumerate(lists):
+        if b < min(ctas, head):
+            assert cta[0] == b
+        dealt_head = [w for w in cta if w < head]
+        assert cta[: len(dealt_head)] == sorted(dealt_head)
+        tail = [weights[w % count] for w in cta[len(dealt_head) :]]
+        assert tail == sorted(tail, reverse=True)
+    assert walk.makespan == max(sum(weights[w % count] for w in cta) for cta in lists)
+
+
+@pytest.mark.parametrize("count, pairs, ctas, short, full", DEALT)
+def test_the_dealt_walk_ends_within_a_work_of_the_ideal_and_never_after_the_plain_walk(count, pairs, ctas, short, full):
+    weights = (short,) + (full,) * (count - 1)
+    walk = work_list.dealt_walk(weights, pairs, ctas)
+    plain = work_list.plain_makespan(weights, pairs, ctas)
+    ideal = max(full, sum(weights) * pairs / ctas)
+    assert ideal <= walk.makespan <= min(plain, ideal + full)
+    # the plain walk's model: work w on CTA w % ctas
+    loads = [0.0] * ctas
+    for w in range(count * pairs):
+        loads[w % ctas] += weights[w % count]
+    assert plain == max(loads)
+
+
+def test_the_dealt_walk_of_the_d64_2k_shape_gives_each_cta_with_a_work_more_short_tiles():
+    """d64 2k at 16k tokens: 2816 works on 132 CTAs, 44 of which take 22 works and the rest 21. The plain walk puts
+    every short tile on 12 CTAs; dealt out, the CTAs with 22 works hold short ones and the walk ends below 22 full
+    works, near the ideal."""
+    count, pairs, ctas, short, full = DEALT[0]
+    weights = (short,) + (full,) * (count - 1)
+    walk = work_list.dealt_walk(weights, pairs, ctas)
+    assert work_list.plain_makespan(weights, pairs, ctas) == 22 * full
+    for cta in _lists(walk):
+        if len(cta) == 22:
+            assert sum(1 for w in cta if w % count == 0) >= 3
+    assert walk.makespan < 21 * full + short and walk.makespan < 1.01 * sum(weights) * pairs / ctas + full - short

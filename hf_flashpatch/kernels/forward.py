@@ -340,7 +340,7 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
         kv_bytes = seqlen_k * (head_dim + head_dim_v) * q.element_size()  # one pair's K and V
         walk = schedule or hopper_forward_schedule(seqlen_q, seqlen_k, group, chosen.block_m, chosen.block_n, left,
                                                    right, kv_heads * num_seqs, sm_count(q.device.index), varlen,
-                                                   kv_bytes)  # fmt: skip
+                                                   kv_bytes, chosen.own_key_tiles)  # fmt: skip
         if shape is None and walk.one_cta_per_tile(m_blocks * kv_heads * num_seqs):
             chosen = forward_tile_shape(head_dim, arch, masked, head_dim_v, one_cta_per_tile=True)
         grid, section = (walk.ctas, 1, 1), walk.section
@@ -367,6 +367,8 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
             q_tma, q_box_heads = chain_q_tma, chain_q_box_heads
         else:  # a q the driver cannot map: the same tiles work by work (the same bits)
             config = dataclasses.replace(config, chained_walk=False, split_tail=False)
+    if listed is not None and config.chained_walk:  # its math warps walk rounds (chain_work), the producer the list
+        raise RuntimeError(f"internal: a listed walk chosen for a chained build ({config})")
     build = config.build(arch)
     kernel = get_kernel(build, config.entry, q.device)
     k, v, k_tma, v_tma = kv_maps(config, k, v)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import tail_split
-from .work_list import ListedWalk, listed_makespan, listed_walk, snake_makespan
+from .work_list import ListedWalk, dealt_walk, listed_makespan, listed_walk, plain_makespan, snake_makespan
 
 # ============================================================================================ forward
 
@@ -131,9 +131,9 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
 class HopperSchedule:
     """The Hopper forward's grid and work order (``fwd_hopper_ws.cu``: CTA ``b`` takes tile ``b`` of every round of
     ``ctas`` work tiles, masked builds in reverse every odd round; ``section``: pairs per section of the work order,
-    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``; ``listed``: a masked walk's works dealt out by the
-    host, ``work_list.ListedWalk``, whose launch falls back to the ``section`` walk while its table cannot be
-    uploaded)."""
+    0 for pair-major, see ``fwd_geometry.cuh`` ``persistent_work``; ``listed``: the works dealt out by the host,
+    ``work_list.ListedWalk`` (a masked walk's listed form, or an unmasked walk's ``dealt_walk``), whose launch falls
+    back to the ``section`` walk while its table cannot be uploaded)."""
 
     ctas: int
     section: int = 0
@@ -155,6 +155,12 @@ PERSISTENT_WALK_GAIN = 0.98
 # The snake walk serving a shape takes its listed form (its last rounds dealt out again: work_list.listed_walk) where
 # the model puts that this far under the snake's makespan.
 LISTED_WALK_GAIN = 0.995
+# A work tile whose last warpgroups have no rows (a pair's last query tile, where block_m does not divide its packed
+# rows) leaves them idle in builds that skip a warpgroup's key tiles outside its rows (TileShape.own_key_tiles: d64's
+# three math warpgroups), and the busy ones share the SM's tensor cores, exponentials and issue among fewer warps:
+# (busy, math warpgroups) -> the share of a full work's time such a work takes. Measured on d64 (H100, 2816 one-tile
+# works over 2048 and 4096 keys: results/2026-12-07_d64-dealt-walk); a pair not listed weighs as a full work.
+BUSY_WARPGROUPS_WORK_SHARE = {(1, 3): 0.69, (2, 3): 0.80}
 # Masked problems with more work tiles than this take one CTA per tile without consulting the model: its host cost
 # grows with the tiles (about 20 ms at this many, once per shape), and with many rounds the hardware's order is
 # already within a tile of the ideal (every larger shape measured chose it).
@@ -172,15 +178,20 @@ def leading_rows(packed_rows: int, block_m: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: int, block_n: int, left: int,
-                            right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int) -> HopperSchedule:  # fmt: skip
+                            right: int, pairs: int, sms: int, varlen: bool, pair_kv_bytes: int,
+                            rowless_warpgroups_idle: bool = False) -> HopperSchedule:  # fmt: skip
     """Grid and work order of the Hopper forward: ``pairs`` (kv head, sequence) pairs of ``ceil(seqlen_q * group /
     block_m)`` query tiles each (packed rows: positions x the group's query heads), ``block_n``-key tiles, the folded
     window ``(left, right)`` (-1: unbounded; masked when either is >= 0), on ``sms`` SMs (one CTA each).
 
     - Varlen: tiles of different sequences weigh differently in ways the host does not know: one CTA per tile, the
       hardware handing each SM the next (pair-major, heaviest first).
-    - Unmasked, fixed length: every tile weighs the same, so the plain walk is balanced and persistent CTAs (one per
-      SM) save a prologue and an epilogue per tile: ``min(tiles, sms)``.
+    - Unmasked, fixed length: persistent CTAs (one per SM) save a prologue and an epilogue per tile: ``min(tiles,
+      sms)``. Every tile sees the same keys, so the plain walk (CTA b takes work b of every round) is balanced, except
+      where a pair's last tile leaves warpgroups without rows idle (``rowless_warpgroups_idle``: the build skips their
+      key tiles, ``TileShape.own_key_tiles``) and so takes less time (:data:`BUSY_WARPGROUPS_WORK_SHARE`): there the
+      works are dealt out on the host (``work_list.dealt_walk``: the short tiles to the CTAs with a work more) where
+      that ends ``LISTED_WALK_GAIN`` under the plain walk.
     - Masked (causal / window), fixed length: persistent with the sectioned order and the snake walk where a model
       of the schedule (each tile weighs the key tiles it sees + ``WORK_TILE_OVERHEAD``) gives a makespan at least
       2 % under that of one CTA per tile (the hardware's next-free-SM order), over sections of 1, 2, 4, ... pairs
@@ -196,7 +207,9 @@ def hopper_forward_schedule(seqlen_q: int, seqlen_k: int, group: int, block_m: i
     if varlen:
         return HopperSchedule(tiles)
     if left < 0 and right < 0:
-        return HopperSchedule(min(tiles, sms))
+        if not rowless_warpgroups_idle or tiles <= sms or tiles > MODELLED_MAX_TILES:
+            return HopperSchedule(min(tiles, sms))
+        return _unmasked_schedule(seqlen_q * group, count, -(-seqlen_k // block_n), block_m, pairs, sms)
     if tiles > MODELLED_MAX_TILES:
         return HopperSchedule(tiles)
     key_tiles = query_tile_key_tiles(seqlen_q, seqlen_k, group, block_m, block_n, left, right)
@@ -294,6 +307,23 @@ def chained_walk_serves(seqlen_k: int, output_boxes: bool) -> bool:
     (batched, a group dividing 16: ``forward_maps.output_map``), each sees a key, and they see at most
     :data:`CHAINED_WALK_MAX_KEYS` keys."""
     return output_boxes and 0 < seqlen_k <= CHAINED_WALK_MAX_KEYS
+
+
+def _unmasked_schedule(packed_rows: int, count: int, key_tiles: int, block_m: int, pairs: int,
+                       sms: int) -> HopperSchedule:  # fmt: skip
+    """A fixed-length unmasked walk over ``sms`` CTAs whose pairs' last query tile may leave warpgroups idle
+    (:func:`hopper_forward_schedule`): the plain walk, or its works dealt out on the host where that pays."""
+    busy = -(-(packed_rows - (count - 1) * block_m) // 64)  # the last tile's warpgroups with rows
+    share = BUSY_WARPGROUPS_WORK_SHARE.get((busy, block_m // 64), 1.0)
+    plain = HopperSchedule(sms)
+    if share == 1.0:
+        return plain
+    full = key_tiles + WORK_TILE_OVERHEAD
+    weights = (share * full,) + (full,) * (count - 1)  # m_rev order: the last tile first
+    dealt = dealt_walk(weights, pairs, sms)
+    if dealt.makespan < LISTED_WALK_GAIN * plain_makespan(weights, pairs, sms):
+        return dataclasses.replace(plain, listed=dealt)
+    return plain
 
 
 def _masked_schedule(tile_key_tiles: tuple[int, ...], pairs: int, sms: int, pair_kv_bytes: int) -> HopperSchedule:

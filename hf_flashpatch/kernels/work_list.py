@@ -1,6 +1,7 @@
-"""The listed walk of a masked persistent Hopper forward (``FwdParams.work_list``, ``cuda/fwd_geometry.cuh``
-``for_each_work``): the snake walk with its last rounds dealt out again on the host, and the table's upload. Whether a
-launch takes it is the decision room's (``heuristics.hopper_forward_schedule``).
+"""Persistent Hopper forward walks dealt out on the host (``FwdParams.work_list``, ``cuda/fwd_geometry.cuh``
+``for_each_work``), and the tables' upload: a masked walk's listed form (the snake walk with its last rounds dealt out
+again) and an unmasked walk's dealt form (``dealt_walk``: works of unequal modelled time). Whether a launch takes
+either is the decision room's (``heuristics.hopper_forward_schedule``).
 
 The snake walk (``walk_work``, ``persistent_work``: sections of ``section`` pairs, within one every pair's query tile
 ``m_rev`` before any pair's ``m_rev + 1``, rounds of ``ctas`` works, every odd round reversed) gives every CTA the same
@@ -130,6 +131,46 @@ def listed_walk(weights: tuple[float, ...], pairs: int, section: int, ctas: int,
     for cta_works in lists:
         offsets.append(offsets[-1] + len(cta_works))
     return ListedWalk(ctas, makespan, tail_rounds, tuple(offsets) + tuple(w for cta in lists for w in cta))
+
+
+def dealt_walk(weights: tuple[float, ...], pairs: int, ctas: int) -> ListedWalk:
+    """An unmasked persistent walk dealt out on the host: the pair-major order (``weights``: a pair's query tiles', in
+    ``m_rev`` order), each work in turn to the CTA of least modelled load (the lowest index on a tie: round 0 as the
+    plain walk's), and its last ``tail_rounds`` whole rounds and the partial one heaviest first (stable), each to the
+    CTA of least load, with ``tail_rounds`` of ``(0,) +`` :data:`TAIL_ROUNDS` whose makespan is least (the fewest on a
+    tie). A CTA walks its works in the order dealt, so the CTAs running at one time read the same few pairs' K/V as in
+    the plain walk (rounds of ``ctas`` consecutive works)."""
+    count = len(weights)
+    order_weights = [weights[w % count] for w in range(count * pairs)]
+    best: tuple[float, list[list[int]], int] | None = None
+    for tail_rounds in (0,) + TAIL_ROUNDS:
+        head = max(0, len(order_weights) // ctas - tail_rounds) * ctas
+        _, taking = _longest_first([0.0] * ctas, order_weights[:head])
+        load = [0.0] * ctas
+        for w, b in enumerate(taking):
+            load[b] += order_weights[w]
+        tail = sorted(range(head, len(order_weights)), key=lambda w: -order_weights[w])
+        makespan, tail_taking = _longest_first(load, [order_weights[w] for w in tail])
+        if best is None or makespan < best[0]:
+            lists: list[list[int]] = [[] for _ in range(ctas)]
+            for w, b in list(enumerate(taking)) + list(zip(tail, tail_taking)):
+                lists[b].append(w)
+            best = makespan, lists, tail_rounds
+    makespan, lists, tail_rounds = best
+    offsets = [0]
+    for cta_works in lists:
+        offsets.append(offsets[-1] + len(cta_works))
+    return ListedWalk(ctas, makespan, tail_rounds, tuple(offsets) + tuple(w for cta in lists for w in cta))
+
+
+def plain_makespan(weights: tuple[float, ...], pairs: int, ctas: int) -> float:
+    """The largest modelled load of the plain (unmasked) walk: work ``w`` of the pair-major order to CTA ``w % ctas``
+    (``walk_work``, ``persistent_work`` with no sections)."""
+    count = len(weights)
+    load = [0.0] * ctas
+    for w in range(count * pairs):
+        load[w % ctas] += weights[w % count]
+    return max(load)
 
 
 # Uploaded tables by (the table object's id, device index). A table stays for the process's life: a captured CUDA

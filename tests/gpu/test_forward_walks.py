@@ -27,6 +27,18 @@ from hf_flashpatch.reference import attention_reference  # noqa: E402
 from .forward_checks import check_against_oracle, run_forward  # noqa: E402
 
 
+def _hand_made_walks(tiles):
+    """Work tables (work_list.ListedWalk) of no model over ``tiles`` works: CTAs without works and one with most,
+    the works in reverse or odd ones first."""
+    from hf_flashpatch.kernels.work_list import ListedWalk
+
+    works, walks = list(range(tiles)), []
+    for ctas, cut in [(5, (0, 0, tiles - 3, tiles - 1, tiles)), (3, (tiles, tiles, tiles))]:
+        order = works[::-1] if ctas == 5 else works[1::2] + works[::2]
+        walks.append(ListedWalk(ctas, 0.0, 0, (0, *cut) + tuple(order)))
+    return walks
+
+
 @pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
 @pytest.mark.parametrize("window", [(-1, 0), (300, 0), (200, 37)], ids=["causal", "window300", "window200-37"])
 def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
@@ -34,7 +46,7 @@ def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
     against one CTA per work tile: every grid size and section (the last one partial, the last round partial) gives
     the same bits, and the one-CTA-per-tile run matches the oracle. GQA, 1050 positions: hundreds of work tiles."""
     from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape, query_tile_key_tiles
-    from hf_flashpatch.kernels.work_list import ListedWalk, listed_walk
+    from hf_flashpatch.kernels.work_list import listed_walk
 
     if not forward_tile_shape(dims[0], device_arch(torch.device("cuda")), True,
                                                               dims[1]).wgmma:  # fmt: skip
@@ -60,11 +72,7 @@ def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
     weights = tuple(float(n + 1) for n in reversed(query_tile_key_tiles(1050, 1050, 4, shape.block_m, shape.block_n,
                                                                         left, right)))  # fmt: skip
     listed = [listed_walk(weights, 6, section, ctas) for ctas, section in ((132, 1), (77, 2), (7, 6))]
-    works = list(range(tiles))
-    for ctas, cut in [(5, (0, 0, tiles - 3, tiles - 1, tiles)), (3, (tiles, tiles, tiles))]:
-        order = works[::-1] if ctas == 5 else works[1::2] + works[::2]
-        listed.append(ListedWalk(ctas, 0.0, 0, (0, *cut) + tuple(order)))
-    for walk in listed:
+    for walk in listed + _hand_made_walks(tiles):
         out, lse = launch(HopperSchedule(walk.ctas, 1, listed=walk))
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), walk.table[: walk.ctas + 1]
 
@@ -108,6 +116,51 @@ def test_listed_walk_under_cuda_graph_capture():
         if not uploaded:
             launch()  # eager: uploads the table
             assert (id(walk.table), q.device.index) in work_list._UPLOADED
+
+
+@pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["batched", "varlen"])
+def test_unmasked_listed_walks_match_one_cta_per_tile(dims, varlen):
+    """An unmasked persistent walk dealt out on the host (work_list.dealt_walk, the decision room's where a pair's last
+    tile leaves warpgroups idle; hand-made tables too: CTAs without works, one with most, orders of no model) against
+    one CTA per work tile: the same bits, and the oracle. GQA 8/2, 1030 positions: a pair's last tile has 88 rows on
+    d64's 192-row tiles (two of three warpgroups busy), 24 on 128-row ones (one of two). The batched d128 problem takes
+    the chained walk, which has no list (forward._launch refuses one), so d128 runs varlen only: work by work."""
+    from hf_flashpatch.kernels.heuristics import HopperSchedule
+    from hf_flashpatch.kernels.work_list import dealt_walk
+
+    (d, d_v) = dims
+    shape = forward_tile_shape(d, device_arch(torch.device("cuda")), False, d_v)
+    if not shape.wgmma:
+        pytest.skip("the walk is the Hopper body's")
+    if shape.chained_walk and not varlen:
+        pytest.skip("batched, unmasked d128 takes the chained walk")
+    torch.manual_seed(17)
+    batch, seqlen = 3, 1030
+    q = torch.randn(batch, seqlen, 8, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, seqlen, 2, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen, 2, d_v, device="cuda", dtype=torch.bfloat16)
+    if varlen:  # (T, H, D), the batch's sequences packed
+        cu = torch.arange(0, (batch + 1) * seqlen, seqlen, device="cuda", dtype=torch.int32)
+        args = (q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, seqlen, seqlen)
+    else:
+        args = (q, k, v, None, None, None, None)
+    count = math.ceil(seqlen * 4 / shape.block_m)
+    tiles = count * 2 * batch
+    launch = lambda schedule: forward_module._launch(*args, None, False, -1, -1, None,
+                                                     schedule=schedule)  # noqa: E731 fmt: skip
+    ref_out, ref_lse = launch(HopperSchedule(tiles))
+    want, want_lse = attention_reference(q.float(), k.float(), v.float())
+    assert (ref_out.reshape(want.shape).float() - want).abs().max().item() < 2e-2
+    lse_rows = ref_lse.reshape(8, batch, seqlen).transpose(0, 1) if varlen else ref_lse  # (B, H, S_q)
+    torch.testing.assert_close(lse_rows, want_lse, atol=1e-3, rtol=1e-3)
+    weights = (3.0,) + (5.0,) * (count - 1)  # the last tile (m_rev 0) lighter
+    walks = [dealt_walk(weights, 2 * batch, ctas) for ctas in (132, 40, 7)]
+    for walk in walks + _hand_made_walks(tiles):
+        out, lse = launch(HopperSchedule(walk.ctas, 0, listed=walk))
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), walk.table[: walk.ctas + 1]
+    out, lse = launch(HopperSchedule(40))  # and the plain walk of fewer CTAs than works
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
 
 
 @pytest.mark.parametrize("dims", [(128, 128), (64, 64), (192, 128)], ids=["d128", "d64", "d192-128"])
