@@ -1,4 +1,4 @@
-"""The unmasked forward builds' SASS in two trees (the walk's list read by every unmasked build now): per build,
+"""The forward builds' SASS in two trees (the walk's list read by every unmasked build now): per build,
 instructions, HGMMA, R2UR and local-memory ones, whether each function's code is the same, and for the chained build
 its steady softmax block (softmax_schedule.py's reading: length, static stalls, exponentials before the last maximum).
 
@@ -27,6 +27,7 @@ from hf_flashpatch.kernels.heuristics import HOPPER_SHAPES, HOPPER_VALUE_HEAD_DI
 chained = ForwardConfig.for_problem(128, "bf16", False, HOPPER_SHAPES[(128, False)], arch="sm_90a")
 configs = {
     "d128 chained": chained,
+    "d128 chained unsplit": dataclasses.replace(chained, split_tail=False),
     "d128 work by work": dataclasses.replace(chained, chained_walk=False, split_tail=False),
     "d64 full": ForwardConfig.for_problem(64, "bf16", False, HOPPER_SHAPES[(64, False)], arch="sm_90a"),
     "d64 causal": ForwardConfig.for_problem(64, "bf16", True, HOPPER_SHAPES[(64, True)], arch="sm_90a"),
@@ -67,7 +68,7 @@ def main() -> None:
                     count = lambda op: sum(op in text for _, text, _ in ops)  # noqa: E731
                     cells.append(f"{len(ops):6d} i {count('HGMMA'):3d} H {count('R2UR'):3d} R {count('LDL') + count('STL'):2d} L")
                 print(f"{build + ' ' + name[-40:]:60s} {str(strip[0] == strip[1]):>5s} " + " ".join(f"{c:>28s}" for c in cells))
-                if build == "d128_chained" and "pieces" not in name:
+                if build.startswith("d128_chained") and "pieces" not in name:
                     for tree, code in zip(trees, codes):
                         ops = schedule.instructions(code)
                         block = max(schedule.basic_blocks(schedule.chained_loop(ops)),
