@@ -127,10 +127,15 @@ def listed_walk(weights: tuple[float, ...], pairs: int, section: int, ctas: int,
     if tail_rounds is None:
         tail_rounds = listed_makespan(weights, pairs, section, ctas)[1]
     makespan, lists = tailed_snake(weights, pairs, section, ctas, tail_rounds)
+    return ListedWalk(ctas, makespan, tail_rounds, _table(lists))
+
+
+def _table(lists: list[list[int]]) -> tuple[int, ...]:
+    """The kernel's table (module docstring) of each CTA's works in walk order."""
     offsets = [0]
     for cta_works in lists:
         offsets.append(offsets[-1] + len(cta_works))
-    return ListedWalk(ctas, makespan, tail_rounds, tuple(offsets) + tuple(w for cta in lists for w in cta))
+    return tuple(offsets) + tuple(w for cta in lists for w in cta)
 
 
 def dealt_walk(weights: tuple[float, ...], pairs: int, ctas: int) -> ListedWalk:
@@ -157,10 +162,7 @@ def dealt_walk(weights: tuple[float, ...], pairs: int, ctas: int) -> ListedWalk:
                 lists[b].append(w)
             best = makespan, lists, tail_rounds
     makespan, lists, tail_rounds = best
-    offsets = [0]
-    for cta_works in lists:
-        offsets.append(offsets[-1] + len(cta_works))
-    return ListedWalk(ctas, makespan, tail_rounds, tuple(offsets) + tuple(w for cta in lists for w in cta))
+    return ListedWalk(ctas, makespan, tail_rounds, _table(lists))
 
 
 def plain_makespan(weights: tuple[float, ...], pairs: int, ctas: int) -> float:
@@ -174,9 +176,9 @@ def plain_makespan(weights: tuple[float, ...], pairs: int, ctas: int) -> float:
 
 
 # Uploaded tables by (the table object's id, device index). A table stays for the process's life: a captured CUDA
-# graph keeps its address, so freeing it could hand a replay another tensor's memory. One small tensor per masked
-# problem shape (at most 4096 + 133 ints: heuristics.MODELLED_MAX_TILES); the table itself is kept too, so its id is
-# never reused.
+# graph keeps its address, so freeing it could hand a replay another tensor's memory. One small tensor per listed or
+# dealt problem shape (at most 4096 + 133 ints: heuristics.MODELLED_MAX_TILES); the table itself is kept too, so its
+# id is never reused.
 _UPLOADED: dict[tuple[int, int | None], tuple[tuple[int, ...], torch.Tensor]] = {}
 
 
