@@ -1,0 +1,23 @@
+#!/bin/bash
+# Call 1 (any card; not run in session 64, whose device time was spent): the masked d128 walk's output by TMA boxes
+# staged in the work's last K slot. Before running: `git apply results/2026-12-07_masked-key-slot-boxes/
+# draft_masked_key_slot_boxes.diff`, then ab/main = main's cuda and hf_flashpatch (git archive HEAD), ab/new = the
+# patched tree's. The SASS of both trees (in the background), the forward's GPU tests on the patched tree, then
+# kernel time in CUDA graphs, main against new, five rounds. Carry .whl and ab.
+START=$(date +%s)
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PATH=$PATH:/usr/local/cuda/bin:$(python3 -c "import triton,os;print(os.path.dirname(triton.__file__))" 2>/dev/null)/backends/nvidia/bin
+mkdir -p $OUT
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+(python3 results/2026-12-07_d64-dealt-walk/sass_compare.py ab/main ab/new > $OUT/sass.log 2>&1) &
+HF_FLASHPATCH_CACHE=/tmp/cT timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_forward.py \
+  tests/gpu/test_forward_walks.py > $OUT/forward_tests.log 2>&1
+tail -3 $OUT/forward_tests.log
+wait
+cat $OUT/sass.log
+echo "tests $(( $(date +%s) - START )) s"
+timeout 280 python3 scripts/ab_kernels.py --tree main=ab/main --tree new=ab/new --rounds 5 \
+  --only 'fwd d128 (8x2k|4x4k|2x8k|1x16k) causal$|fwd d128 8x2k full' > $OUT/ab.log 2>&1
+tail -12 $OUT/ab.log
+echo "total $(( $(date +%s) - START )) s"
