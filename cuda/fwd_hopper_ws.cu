@@ -85,11 +85,15 @@ constexpr bool kOwnKeyTiles = OWN_KEY_TILES != 0;
 constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 // TMA_OUTPUT: where the launch passes an output map (o_box_heads: a batched problem whose group divides 16), each warp
 // stages its 16 output rows in its own Q rows and stores them with the TMA (store_output), so its threads issue no
-// global store; the next work's Q copy waits until the boxes were read. Not with Q by the TMA (the next Q may land
-// there first) nor the staged output.
+// global store; the next work's Q copy waits until the boxes were read. Not with the staged output. With Q by the
+// TMA (which may land the next Q in those rows first; kKeySlotOutput) the rows are staged in the K slot of the work's
+// last key tile instead, once the other warpgroup's last S retired (its "Q empty" arrival), and each warp hands
+// that slot back only once its boxes were read: 128-key tiles of 128 rows, so the slot has the Q tile's layout.
 constexpr bool kTmaOutput = TMA_OUTPUT != 0;
-static_assert(!kTmaOutput || (!kQByTma && !kStagedOutput && HEAD_DIM >= HEAD_DIM_V),
-              "the output boxes are staged in the warp's copied Q rows");
+constexpr bool kKeySlotOutput = kTmaOutput && kQByTma;
+static_assert(!kTmaOutput || (!kStagedOutput && HEAD_DIM >= HEAD_DIM_V),
+              "the output boxes are staged in the warp's copied Q rows, or (Q by the TMA) in a K slot");
+
 // KV_CLUSTER = 2: the grid runs in clusters of two CTAs that take works of one pair with the same key tiles at the
 // same time (heuristics.clustered_schedule launches it only so: with CTA b of a round taking work b, an unmasked
 // fixed-length problem whose pairs have an even number of query tiles), and each CTA's producer loads half the
@@ -100,6 +104,8 @@ static_assert(kKvCluster == 1 || (kKvCluster == 2 && !kWindowed && !kQByTma && !
               "K/V multicast: unmasked works of equal key tiles, the math warps copying Q, tiles of whole 8-row "
               "swizzle atoms per CTA");
 static_assert(!kSplitTail || kChainedWalk, "a split last round: the chained walk's (fwd_hopper_chain.cuh)");
+static_assert(!kKeySlotOutput || (BLOCK_N == kBlockM && HEAD_DIM == HEAD_DIM_V && NUM_WG == 2 && kKvCluster == 1),
+              "output boxes staged in a K slot: a slot of the Q tile's layout, two math warpgroups, no multicast");
 constexpr int kKvRowsPerCta = BLOCK_N / kKvCluster;  // the K/V rows of a tile that one CTA's producer loads
 static_assert(!kStagedOutput || (!kQByTma && HEAD_DIM_V == 128 && HEAD_DIM >= 128),
               "a warpgroup's output (64 x 128) staged in its copied Q rows of two 64-column sub-tiles");
@@ -340,6 +346,9 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
       named_barrier_sync(kQRowsBarrier + warpgroup, 128);
     }
     const int num_tiles = tile.keys.num_tiles;
+    // kKeySlotOutput: this work's output boxes are staged in its last key tile's K slot, handed back after them.
+    const bool slot_boxes = kKeySlotOutput && tma_output && num_tiles > 0;
+    const int last_ring = ring + num_tiles - 1;
     const int first_key0 = (tile.keys.n_block_max - 1) * BLOCK_N;
     const bool partial_first = varlen && num_tiles > 0 && first_key0 + BLOCK_N > tile.span.seqlen_k;
     MathRows rows;
@@ -363,7 +372,9 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
       return slot;
     };
     // K is handed back once S retired, V once P V did.
-    auto release_keys = [&](int r) { release(k_empty_bars, r); };
+    auto release_keys = [&](int r) {
+      if (!(slot_boxes && r == last_ring)) release(k_empty_bars, r);
+    };
     auto release_values = [&](int r) { release(v_empty_bars, r); };
     auto skip_tile = [&](int r, bool zero_rows) {  // a tile none of this warpgroup's rows sees: handed back unread
       wait_keys(r, zero_rows);
@@ -399,7 +410,21 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     // ---- epilogue (fwd_hopper_step.cuh): normalise, LSE, store (kStagedOutput: through this warp's share of its
     // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
     // warpgroup, so after this warp's reads)
-    store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, per_work_math_tid() & 31, staging, tma_output);
+    if constexpr (kKeySlotOutput) {
+      uint32_t slot_staging = 0;
+      if (slot_boxes) {  // the other warpgroup's last S retired: no product reads the slot any more
+        mbarrier_wait(q_empty_bars + 8 * (warpgroup ^ 1), works & 1);
+        slot_staging = smem.k_ring + (last_ring % KV_STAGES) * kKBytes + warp_row0 * kSubTileRowBytes;
+      }
+      store_output<false, true>(rows, p, tile, warp_row0, per_work_math_tid() & 31, slot_staging, slot_boxes);
+      if (slot_boxes) {
+        bulk_wait_read<0>();  // this warp's boxes were read (only the first lane has groups)
+        release(k_empty_bars, last_ring);
+      }
+    } else {
+      store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, per_work_math_tid() & 31, staging,
+                                              tma_output);
+    }
     ring += num_tiles;
     ++works;
   });

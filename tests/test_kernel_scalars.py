@@ -336,8 +336,8 @@ def test_query_tile_key_tiles_are_the_tiles_its_rows_see(window, lengths, group,
 def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
     """Q by the TMA serves a walk of several works per CTA; with one CTA per work tile the two-math-warpgroup shape
     (masked d128, whose Q thread costs the math threads registers) has its math warps copy Q and its output leave
-    through the Q rows, every other field unchanged, and both builds are shipped. d64 (three math warpgroups) and
-    unmasked d128 keep one shape."""
+    through the Q rows (not by output boxes staged in a K slot), every other field unchanged, and both builds are
+    shipped. d64 (three math warpgroups) and unmasked d128 keep one shape."""
     from hf_flashpatch.kernels import forward, heuristics
 
     walking = heuristics.forward_tile_shape(head_dim, "sm_90a", masked)
@@ -345,7 +345,8 @@ def test_hopper_forward_shape_follows_the_walk(head_dim, masked):
     if (head_dim, masked) == (128, True):
         assert walking.q_by_tma and not one_each.q_by_tma
         assert one_each.staged_output and not walking.staged_output
-        assert dataclasses.replace(one_each, q_by_tma=True, staged_output=False) == walking
+        assert walking.tma_output and not one_each.tma_output
+        assert dataclasses.replace(one_each, q_by_tma=True, staged_output=False, tma_output=True) == walking
     else:
         assert one_each == walking
     builds = forward.all_builds("sm_90a")

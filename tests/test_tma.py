@@ -162,10 +162,13 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
     """With a shape's tma_output (unmasked d128's, 192/128's), each math warp stores its 16 packed output rows in one
     box per 64 columns: group heads x 16 / group positions. Varlen problems (a box could cross into the next
     sequence), other groups, an unmappable output, shapes without it and the mma.sync body get no map and
-    o_box_heads 0: the threads store their rows. The boxes need the Q rows copied by the math warps."""
+    o_box_heads 0: the threads store their rows. The boxes need the Q rows copied by the math warps, or (masked d128,
+    Q by the TMA) 128 x 128 tiles, whose last K slot stages them."""
     boxes = forward.ForwardConfig.for_problem(128, "bf16", False, arch="sm_90a")
     assert boxes.tma_output and not boxes.q_by_tma  # the shipped unmasked d128 shape (heuristics.HOPPER_SHAPES)
     masked = forward.ForwardConfig.for_problem(128, "bf16", True, arch="sm_90a")
+    assert masked.tma_output and masked.q_by_tma  # staged in the last K slot
+    masked_d64 = forward.ForwardConfig.for_problem(64, "bf16", True, arch="sm_90a")
     ampere = forward.ForwardConfig.for_problem(128, "bf16", False, arch="sm_80")
     out = torch.empty(2, 40, 32, 128, dtype=torch.bfloat16)  # (B, S, H, D_v)
     encoded = []
@@ -177,13 +180,15 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
     for group in (3, 6, 32):
         assert forward_maps.output_map(boxes, out, group, varlen=False) == (tma.NO_DESCRIPTOR, 0)
     assert forward_maps.output_map(boxes, out[0], 2, varlen=True) == (tma.NO_DESCRIPTOR, 0)
-    assert forward_maps.output_map(masked, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(masked_d64, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
     assert forward_maps.output_map(ampere, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
-    with pytest.raises(ValueError, match="the output boxes with the Q rows copied, not staged"):
-        dataclasses.replace(masked, tma_output=True)  # masked d128: Q by the TMA
+    assert forward_maps.output_map(masked, out, 2, varlen=False) == (b"o" * 128, 2)
+    with pytest.raises(ValueError, match="the output boxes not staged, with the Q rows copied or .staged in a K slot"):
+        dataclasses.replace(masked_d64, tma_output=True)  # masked d64: Q by the TMA on 192-row tiles
     with pytest.raises(ValueError, match="the output boxes and the K/V multicast are the wgmma body.s"):
         dataclasses.replace(ampere, tma_output=True)
-    assert dict(boxes.build().defines)["TMA_OUTPUT"] == "1" and "TMA_OUTPUT" not in dict(masked.build().defines)
+    assert dict(boxes.build().defines)["TMA_OUTPUT"] == "1" and dict(masked.build().defines)["TMA_OUTPUT"] == "1"
+    assert "TMA_OUTPUT" not in dict(masked_d64.build().defines)
 
     def refuse(t, rows, box_heads=1):
         raise tma.TmaUnsupported("refused here")

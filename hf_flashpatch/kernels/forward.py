@@ -125,7 +125,10 @@ class ForwardConfig:
             and self.kv_stages >= 2
             and not self.q_in_registers
             and not (self.staged_output and (self.q_by_tma or self.value_dim != 128 or self.head_dim < 128))
-            and not (self.tma_output and (self.q_by_tma or self.staged_output or self.head_dim < self.value_dim))
+            and not (self.tma_output and (self.staged_output or self.head_dim < self.value_dim
+                                          or (self.q_by_tma and not (self.block_n == self.block_m == 128
+                                                                     and self.head_dim == self.value_dim
+                                                                     and self.kv_cluster == 1))))
             and (self.kv_cluster == 1 or (self.kv_cluster == 2 and not (self.has_mask or self.q_by_tma
                                                                         or self.own_key_tiles)))
             and not (self.chained_walk and (self.has_mask or not self.tma_output or self.block_n < 128
@@ -136,11 +139,12 @@ class ForwardConfig:
             raise ValueError(f"invalid wgmma tile (head dims 64/64, 128/128 or "
                              f"{'/'.join(map(str, HOPPER_VALUE_HEAD_DIM_SHAPES))}; block_n 64/128/160, a producer "
                              f"warpgroup and 2 math warpgroups of 64 rows (3 at d64), >= 2 stages; the staged output "
-                             f"at a v head dim of 128 with the Q rows copied; the output boxes with the Q rows copied, "
-                             f"not staged; the K/V multicast over 2 CTAs unmasked, with the Q rows copied and every key "
-                             f"tile computed; the chained walk unmasked, with the output boxes, at one head dim and "
-                             f">= 128-key tiles, without the warpgroups' turns; the split last round the chained "
-                             f"walk's), got {self}")  # fmt: skip
+                             f"at a v head dim of 128 with the Q rows copied; the output boxes not staged, with the Q "
+                             f"rows copied or (staged in a K slot) on 128 x 128 tiles at one head dim; the K/V "
+                             f"multicast over 2 CTAs unmasked, with the Q rows copied and every key tile computed; "
+                             f"the chained walk unmasked, with the output boxes, at one head dim and >= 128-key "
+                             f"tiles, without the warpgroups' turns; the split last round the chained walk's), "
+                             f"got {self}")  # fmt: skip
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str, has_mask: bool, shape: TileShape | None = None,

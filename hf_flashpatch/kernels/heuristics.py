@@ -69,7 +69,9 @@ class TileShape:
 #   Masked: 128-key tiles in three stages (masked 176-key tiles spilled) and Q by the TMA from a producer thread
 #   (the split then 40 / 232 registers) where a CTA walks several works (forward_tile_shape); the unmasked build does
 #   not gain from it (notes/forward.md, decision log). The masked math warpgroups take turns at issuing their
-#   products (warpgroup_turns; not the chained walk, 192/128 or d64: notes/forward.md, decision log). Unmasked, two
+#   products (warpgroup_turns; not the chained walk, 192/128 or d64: notes/forward.md, decision log), and each
+#   math warp stores its output rows by TMA boxes staged in the K slot of its work's last key tile (tma_output; the
+#   Q rows may already hold the next work's Q). Unmasked, two
 #   CTAs of a cluster share each K/V tile by a TMA multicast (kv_cluster=2: half the L2 traffic) where
 #   clustered_schedule allows it, else the same shape's plain build; each math warp stores its output rows with the
 #   TMA from its Q rows (tma_output; batched, groups dividing 16).
@@ -82,7 +84,7 @@ HOPPER_SHAPES: dict[tuple[int, bool], TileShape] = {
     (128, False): TileShape(block_m=128, block_n=160, num_warps=12, kv_stages=2, wgmma=True, kv_cluster=2,
                             tma_output=True, chained_walk=True, split_tail=True),
     (128, True): TileShape(block_m=128, block_n=128, num_warps=12, kv_stages=3, wgmma=True, q_by_tma=True,
-                           warpgroup_turns=True),
+                           warpgroup_turns=True, tma_output=True),
     (64, False): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=2, wgmma=True, q_by_tma=True,
                            own_key_tiles=True),
     (64, True): TileShape(block_m=192, block_n=128, num_warps=16, kv_stages=3, wgmma=True, q_by_tma=True,
@@ -122,7 +124,7 @@ def forward_tile_shape(head_dim: int, arch: str = "sm_80", has_mask: bool = Fals
             # 240): the math warps copy Q themselves. Its Q rows are then free at the end, and the output leaves
             # through them in 16-byte stores of whole rows, so the CTA is done (and the next one starts) sooner; a
             # walking CTA, whose stores overlap its next work, lost 0-4 % by it (notes/forward.md, decision log).
-            return dataclasses.replace(shape, q_by_tma=False, staged_output=True)
+            return dataclasses.replace(shape, q_by_tma=False, staged_output=True, tma_output=False)
         return shape
     return mma_tile_shape(head_dim)
 
