@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import torch
+from launch_recorder import RecordingKernel
 
 from hf_flashpatch.kernels import forward, forward_maps, tma
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc
@@ -174,15 +175,18 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
     encoded = []
     monkeypatch.setattr(tma, "descriptor", lambda t, rows, box_heads=1: encoded.append((rows, box_heads)) or b"o" * 128)
     for group in (1, 2, 4, 8, 16):
-        assert forward_maps.output_map(boxes, out, group, varlen=False) == (b"o" * 128, group)
+        assert forward_maps.output_map(boxes, out, group, varlen=False, q_box_heads=0) == (b"o" * 128, group)
         assert encoded[-1] == (16 // group, group)
     calls = len(encoded)
     for group in (3, 6, 32):
-        assert forward_maps.output_map(boxes, out, group, varlen=False) == (tma.NO_DESCRIPTOR, 0)
-    assert forward_maps.output_map(boxes, out[0], 2, varlen=True) == (tma.NO_DESCRIPTOR, 0)
-    assert forward_maps.output_map(masked_d64, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0)
-    assert forward_maps.output_map(ampere, out, 2, varlen=False) == (tma.NO_DESCRIPTOR, 0) and len(encoded) == calls
-    assert forward_maps.output_map(masked, out, 2, varlen=False) == (b"o" * 128, 2)
+        assert forward_maps.output_map(boxes, out, group, varlen=False, q_box_heads=0) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(boxes, out[0], 2, varlen=True, q_box_heads=0) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(masked_d64, out, 2, varlen=False, q_box_heads=2) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(ampere, out, 2, varlen=False, q_box_heads=0) == (tma.NO_DESCRIPTOR, 0)
+    assert len(encoded) == calls
+    assert forward_maps.output_map(masked, out, 2, varlen=False, q_box_heads=2) == (b"o" * 128, 2)
+    # Q by the TMA without a query map: the K slot's wait on the "Q empty" barriers would never end; threads store
+    assert forward_maps.output_map(masked, out, 2, varlen=False, q_box_heads=0) == (tma.NO_DESCRIPTOR, 0)
     with pytest.raises(ValueError, match="the output boxes not staged, with the Q rows copied or .staged in a K slot"):
         dataclasses.replace(masked_d64, tma_output=True)  # masked d64: Q by the TMA on 192-row tiles
     with pytest.raises(ValueError, match="the output boxes and the K/V multicast are the wgmma body.s"):
@@ -194,7 +198,7 @@ def test_output_rows_get_a_map_of_group_heads_per_box_when_batched_and_the_group
         raise tma.TmaUnsupported("refused here")
 
     monkeypatch.setattr(tma, "descriptor", refuse)
-    assert forward_maps.output_map(boxes, out, 4, varlen=False) == (tma.NO_DESCRIPTOR, 0)
+    assert forward_maps.output_map(boxes, out, 4, varlen=False, q_box_heads=0) == (tma.NO_DESCRIPTOR, 0)
 
 
 def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(monkeypatch):
@@ -231,3 +235,30 @@ def test_query_rows_get_a_map_of_group_heads_per_box_when_the_group_divides_64(m
 
     monkeypatch.setattr(tma, "descriptor", refuse)
     assert forward_maps.query_map(hopper, q, 4) == (tma.NO_DESCRIPTOR, 0)
+
+
+def test_a_masked_walk_with_an_unmappable_q_stores_its_output_by_threads(monkeypatch):
+    """The masked d128 walk loads Q by the TMA and stages its output boxes in the last K slot, behind the other
+    warpgroup's "Q empty" barrier, which only a launch with a query map arms. A q the driver cannot map (refused
+    here; a broadcast stride on a GPU) launches with neither map: the math warps copy Q and the threads store, with
+    the masked walk's leading rows (which boxes forbid). Layout q ``(B, S, H, D)``."""
+    launched = []
+    monkeypatch.setattr(forward, "device_arch", lambda device: "sm_90a")
+    monkeypatch.setattr(forward, "sm_count", lambda device: 132)
+    monkeypatch.setattr(forward, "get_kernel", lambda build, entry, device: RecordingKernel(entry, launched))
+    monkeypatch.setattr(forward, "_check_supported", lambda *tensors: None)
+    q = torch.zeros(4, 1000, 16, 128, dtype=torch.bfloat16)
+    k = v = torch.zeros(4, 1000, 16, 128, dtype=torch.bfloat16)
+
+    def refuse_q(t, rows, box_heads=1):
+        if t.data_ptr() == q.data_ptr():
+            raise tma.TmaUnsupported("q refused here")
+        return b"m" * 128
+
+    for descriptor, armed in ((lambda t, rows, box_heads=1: b"m" * 128, True), (refuse_q, False)):
+        monkeypatch.setattr(tma, "descriptor", descriptor)
+        forward._launch(q, k, v, None, None, None, None, None, True, -1, -1, None)
+        entry, grid, args = launched[-1]
+        assert grid[0] == 132  # a walk: 4 x 16 pairs of 8 query tiles
+        q_tma, o_tma = args[2], args[3]  # k_tma, v_tma, q_tma, o_tma lead the parameters
+        assert (q_tma != tma.NO_DESCRIPTOR, o_tma != tma.NO_DESCRIPTOR) == (armed, armed)

@@ -361,10 +361,10 @@ def _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sof
                                       clustered.kv_cluster, clustered.threads))  # fmt: skip
         if walk.kv_cluster == 1:  # (a new config, validated, only on this path)
             config = dataclasses.replace(config, kv_cluster=1)
-    o_tma, o_box_heads = output_map(config, out, group, varlen)
+    q_tma, q_box_heads = query_map(config, q, group)
+    o_tma, o_box_heads = output_map(config, out, group, varlen, q_box_heads)
     if config.chained_walk:
         config = chain_form(config, seqlen_k, o_box_heads > 0, m_blocks * kv_heads * num_seqs, grid[0])
-    q_tma, q_box_heads = query_map(config, q, group)
     if config.chained_walk:  # each warp loads its next 16 Q rows by the output boxes' geometry
         chain_q_tma, chain_q_box_heads = packed_rows_map(True, q, 16, group)
         if chain_q_box_heads:

@@ -33,12 +33,16 @@ def query_map(config, q: torch.Tensor, group: int) -> tuple[bytes, int]:
     return packed_rows_map(config.q_by_tma, q, 64, group)
 
 
-def output_map(config, out: torch.Tensor, group: int, varlen: bool) -> tuple[bytes, int]:
+def output_map(config, out: torch.Tensor, group: int, varlen: bool, q_box_heads: int) -> tuple[bytes, int]:
     """``(o_tma, o_box_heads)``: the tensor map each math warp of a config with ``tma_output`` stores its 16 packed
     output rows with (``group`` heads x ``16 // group`` positions a box), and the heads a box holds. Varlen problems
     (a box could cross into the next sequence), a group that does not divide 16 and other configs get
-    ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves."""
-    return packed_rows_map(config.tma_output and not varlen, out, 16, group)
+    ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves. So does a config loading Q by the TMA
+    whose launch has no query map (``q_box_heads`` 0, :func:`query_map`: a q the driver cannot map, a broadcast
+    stride say): it stages its boxes in a K slot once the other warpgroup's "Q empty" barrier says its last S
+    retired (``cuda/fwd_hopper_ws.cu``, kKeySlotOutput), and only the Q thread's launches arm that barrier."""
+    wanted = config.tma_output and not varlen and (q_box_heads > 0 or not config.q_by_tma)
+    return packed_rows_map(wanted, out, 16, group)
 
 
 def kv_maps(config, k: torch.Tensor, v: torch.Tensor):

@@ -264,6 +264,36 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
     torch.testing.assert_close(batched_lse, ref_lse, atol=1e-3, rtol=1e-3)
 
 
+def test_a_masked_walk_with_a_q_the_driver_cannot_map(monkeypatch):
+    """A q with a broadcast batch (stride 0) gets no tensor map. The masked d128 walk loads Q by the TMA and stages its
+    output boxes in a K slot behind the warpgroups' "Q empty" barriers, which only the Q thread's launches arm; with
+    no query map it copies Q by its math warps and stores by threads (forward_maps.output_map). The launch ends,
+    gives the bits of a contiguous q (which takes both maps) and matches the oracle."""
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), True)
+    if not (shape.wgmma and shape.q_by_tma and shape.tma_output):
+        pytest.skip("the masked d128 walk's output boxes in a K slot are the Hopper body's")
+    torch.manual_seed(5)
+    q = torch.randn(1, 1000, 16, 128, device="cuda", dtype=torch.bfloat16).expand(4, -1, -1, -1)
+    k = torch.randn(4, 1000, 16, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(4, 1000, 16, 128, device="cuda", dtype=torch.bfloat16)
+    real_output_map, maps = forward_module.output_map, []
+
+    def recording(config, out, group, varlen, q_box_heads):
+        found = real_output_map(config, out, group, varlen, q_box_heads)
+        maps.append((q_box_heads, found[1]))
+        return found
+
+    monkeypatch.setattr(forward_module, "output_map", recording)
+    launch = lambda q_: forward_module._launch(q_, k, v, None, None, None, None, None, True, -1, -1, None)  # noqa: E731
+    out, lse = launch(q)
+    torch.cuda.synchronize()
+    assert maps[-1] == (0, 0)  # neither the query map nor the output boxes
+    want, want_lse = launch(q.contiguous())
+    assert maps[-1] == (1, 1)  # Q by the TMA, boxes in the K slot
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    check_against_oracle(out, lse, q, k, v, causal=True)
+
+
 @pytest.mark.parametrize("case", [(2, 2048, 16, 16), (1, 1000, 8, 2), (3, 1000, 6, 1), (2, 300, 4, 4), (2, 250, 4, 4),
                                   (5, 64, 12, 3)],
                          ids=["2k-mha", "gqa4-partial-tile", "mqa-odd-tiles", "mha-odd-tiles", "one-round", "kv3-short"])  # fmt: skip
@@ -325,8 +355,8 @@ def test_output_boxes_equal_the_threads_stores(monkeypatch, case, dims):
     boxes = []
     real_output_map = forward_module.output_map
 
-    def recording(config, out, group_, varlen):
-        found = real_output_map(config, out, group_, varlen)
+    def recording(config, out, group_, varlen, q_box_heads):
+        found = real_output_map(config, out, group_, varlen, q_box_heads)
         boxes.append(found[1])
         return found
 
