@@ -71,10 +71,10 @@ class TileShape:
 #   not gain from it (notes/forward.md, decision log). The masked math warpgroups take turns at issuing their
 #   products (warpgroup_turns; not the chained walk, 192/128 or d64: notes/forward.md, decision log), and each
 #   math warp stores its output rows by TMA boxes staged in the K slot of its work's last key tile (tma_output; the
-#   Q rows may already hold the next work's Q). Unmasked, two
-#   CTAs of a cluster share each K/V tile by a TMA multicast (kv_cluster=2: half the L2 traffic) where
-#   clustered_schedule allows it, else the same shape's plain build; each math warp stores its output rows with the
-#   TMA from its Q rows (tma_output; batched, groups dividing 16).
+#   Q rows may already hold the next work's Q). Unmasked, two CTAs of a cluster share each K/V tile by a TMA
+#   multicast (kv_cluster=2: half the L2 traffic) where clustered_schedule allows it, else the same shape's plain
+#   build; each math warp stores its output rows with the TMA from its Q rows (tma_output; batched, groups dividing
+#   16).
 # - d64: three math warpgroups (192 rows; FA3's d64 tile): the 512-thread pool gives each math thread 160 registers
 #   (32 + 3 x 160), and one K/V tile serves 1.5x the rows; two stages unmasked, three masked (a causal work's first tiles
 #   come sooner). Its Q rows come by the TMA from a producer thread, issued as soon as a warpgroup's last S retired, and
