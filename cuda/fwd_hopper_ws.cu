@@ -87,7 +87,7 @@ constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 // stages its 16 output rows in its own Q rows and stores them with the TMA (store_output), so its threads issue no
 // global store; the next work's Q copy waits until the boxes were read. Not with the staged output. With Q by the
 // TMA (which may land the next Q in those rows first; kKeySlotOutput) the rows are staged in the K slot of the work's
-// last key tile instead, once the other warpgroup's last S retired (its "Q empty" arrival), and each warp hands
+// last key tile instead, once the other warpgroup's last S retired (last_s_bars, by work parity), and each warp hands
 // that slot back only once its boxes were read: 128-key tiles of 128 rows, so the slot has the Q tile's layout.
 constexpr bool kTmaOutput = TMA_OUTPUT != 0;
 constexpr bool kKeySlotOutput = kTmaOutput && kQByTma;
@@ -118,7 +118,8 @@ struct Columns {  // a tile's column count as a type, for the producer's one loa
 
 // The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
 // math warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
-constexpr int kSharedBytes = kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG;
+constexpr int kSharedBytes =
+    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG + (kKeySlotOutput ? 2 * 8 * NUM_WG : 0);
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedBytes;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
@@ -151,6 +152,10 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
   const uint32_t v_empty_bars = k_empty_bars + KV_STAGES * 8;
   const uint32_t q_full_bars = v_empty_bars + KV_STAGES * 8;  // (NUM_WG,): a math warpgroup's Q rows landed
   const uint32_t q_empty_bars = q_full_bars + NUM_WG * 8;   // (NUM_WG,): its last S of a work retired
+  // kKeySlotOutput, (NUM_WG, 2): a warpgroup's last S of an even / odd work retired. Two per warpgroup, so that the
+  // other warpgroup, which may be a work ahead (the turns let it start the next work's first S), cannot complete
+  // the phase a slow waiter still reads; the Q thread's "Q empty" barrier has no such slack.
+  const uint32_t last_s_bars = q_empty_bars + NUM_WG * 8;
   const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
   const bool varlen = p.cu_seqlens_k != nullptr;
@@ -169,6 +174,10 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
         mbarrier_init(q_full_bars + 8 * w, 1);  // the Q thread's arrival (+ the bytes it announces)
         mbarrier_init(q_empty_bars + 8 * w, 4);  // the warpgroup's four warps
       }
+    }
+    if constexpr (kKeySlotOutput) {
+#pragma unroll
+      for (int b = 0; b < 2 * NUM_WG; ++b) mbarrier_init(last_s_bars + 8 * b, 4);  // the warpgroup's four warps
     }
     if constexpr (kChainedWalk) {  // the Q barriers' area as (2 Q tiles, NUM_WG): a warpgroup's next Q rows landed
 #pragma unroll
@@ -384,10 +393,13 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
       wait_values(r);
       release_values(r);
     };
-    auto release_queries = [&]() {  // this warp's products no longer read the Q rows
-      if (!q_by_tma) return;
+    auto release_queries = [&]() {  // this warp's products no longer read the Q rows (nor the work's K slots)
+      if (!q_by_tma && !kKeySlotOutput) return;
       __syncwarp();
-      if (first_lane()) mbarrier_arrive(q_empty_bars + 8 * warpgroup);
+      if (first_lane()) {
+        if (!kKeySlotOutput || q_by_tma) mbarrier_arrive(q_empty_bars + 8 * warpgroup);  // checked above otherwise
+        if constexpr (kKeySlotOutput) mbarrier_arrive(last_s_bars + 8 * (2 * warpgroup + (works & 1)));
+      }
     };
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
@@ -413,7 +425,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     if constexpr (kKeySlotOutput) {
       uint32_t slot_staging = 0;
       if (slot_boxes) {  // the other warpgroup's last S retired: no product reads the slot any more
-        mbarrier_wait(q_empty_bars + 8 * (warpgroup ^ 1), works & 1);
+        mbarrier_wait(last_s_bars + 8 * (2 * (warpgroup ^ 1) + (works & 1)), (works >> 1) & 1);
         slot_staging = smem.k_ring + (last_ring % KV_STAGES) * kKBytes + warp_row0 * kSubTileRowBytes;
       }
       store_output<false, true>(rows, p, tile, warp_row0, per_work_math_tid() & 31, slot_staging, slot_boxes);

@@ -39,8 +39,8 @@ def output_map(config, out: torch.Tensor, group: int, varlen: bool, q_box_heads:
     (a box could cross into the next sequence), a group that does not divide 16 and other configs get
     ``(NO_DESCRIPTOR, 0)``: the threads then store their rows themselves. So does a config loading Q by the TMA
     whose launch has no query map (``q_box_heads`` 0, :func:`query_map`: a q the driver cannot map, a broadcast
-    stride say): it stages its boxes in a K slot once the other warpgroup's "Q empty" barrier says its last S
-    retired (``cuda/fwd_hopper_ws.cu``, kKeySlotOutput), and only the Q thread's launches arm that barrier."""
+    stride say): its math warps copy Q and store their rows, the pairing its GPU test checks. (The kernel's K-slot
+    staging would also serve it: its wait has barriers of its own, ``cuda/fwd_hopper_ws.cu`` kKeySlotOutput.)"""
     wanted = config.tma_output and not varlen and (q_box_heads > 0 or not config.q_by_tma)
     return packed_rows_map(wanted, out, 16, group)
 
