@@ -59,6 +59,11 @@ def main() -> None:
     work = read_global("hfp_tl_work").reshape(8, 2, 64, 5)
     if len(sys.argv) > 3:
         np.savez_compressed(sys.argv[3], tile=tile, work=work)
+    analyse(tile, work, f"{batch} x {seqlen} causal d128")
+
+
+def analyse(tile, work, label):
+    """Print the table from the clocks: tile (8, 2, 1024, 3), work (8, 2, 64, 5)."""
     steady, rows = [], []
     for cta in range(8):
         for wg in range(2):
@@ -72,11 +77,12 @@ def main() -> None:
                     continue
                 marks = t[r0:r1, 0]
                 steady += [wrap(marks[j + 1] - marks[j]) for j in range(1, len(marks) - 2)]
-                rows.append((r1 - r0, wrap(w[i + 1, 0] - w[i, 0]), wrap(w[i, 1] - w[i, 0]), wrap(t[r0, 0] - w[i, 1]),
-                             wrap(t[r0 + 1, 0] - t[r0, 0]) if r1 - r0 > 1 else -1, wrap(w[i, 2] - t[r1 - 1, 0]),
+                first = wrap(t[r0 + 1, 0] - t[r0, 0]) if r1 - r0 > 1 else -1
+                rows.append((r1 - r0, wrap(w[i + 1, 0] - w[i, 0]), wrap(w[i, 1] - w[i, 0]),
+                             wrap(t[r0, 0] - w[i, 1]), first, wrap(w[i, 2] - t[r1 - 1, 0]),
                              wrap(w[i, 3] - w[i, 2]), wrap(w[i + 1, 0] - w[i, 3])))
     step = float(np.median(steady))
-    print(f"{batch} x {seqlen} causal d128: a steady tile {step:.0f} clocks (median of {len(steady)}), {len(rows)} works")
+    print(f"{label}: a steady tile {step:.0f} clocks (median of {len(steady)}), {len(rows)} works")
     print(" tiles  works   work  in tiles  overhead  ->Q  Q->K1  first+  last->end+  epilogue  ->next")
     buckets = [(1, 2), (3, 8), (9, 16), (17, 32), (33, 64), (65, 1024)]
     for lo, hi in buckets:
