@@ -117,7 +117,8 @@ struct Columns {  // a tile's column count as a type, for the producer's one loa
 }  // namespace
 
 // The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
-// math warpgroup's Q rows (read by the launch from the compiled module: Kernel.shared_bytes).
+// math warpgroup's Q rows, and (kKeySlotOutput) the K slot's last-S mbarriers (read by the launch from the compiled
+// module: Kernel.shared_bytes).
 constexpr int kSharedBytes =
     kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG + (kKeySlotOutput ? 2 * 8 * NUM_WG : 0);
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedBytes;
