@@ -11,6 +11,6 @@ OUT=$ROOT/timeline bash results/2026-12-07_masked-walk-timeline/call1.sh 2>&1 | 
 echo "timeline done $(( $(date +%s) - START )) s"
 mkdir -p $ROOT/ab
 timeout $(( ${1:-560} - ($(date +%s) - START) )) python3 scripts/ab_kernels.py --tree main=ab/main --tree n128=ab/n128 \
-  --rounds 4 --only 'fwd d128 (8x2k|4x4k|2x8k|1x16k) full' > $ROOT/ab/ab.log 2>&1
+  --rounds 3 --only 'fwd d128 (8x2k|4x4k|2x8k|1x16k) full' > $ROOT/ab/ab.log 2>&1
 tail -14 $ROOT/ab/ab.log
 echo "total $(( $(date +%s) - START )) s"
