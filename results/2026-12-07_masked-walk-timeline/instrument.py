@@ -25,10 +25,15 @@ __device__ unsigned int hfp_tl_work[kTlCtas][2][kTlWorks][5];
 
 
 def patch(path: Path, edits: list[tuple[str, str]]) -> None:
+    """Each edit replaces its one occurrence of `old`; `old` may be a tuple of forms (trees before and after the
+    work body became the run_work lambda of tag s67-masked-boundary-draft), of which the tree holds one."""
     text = path.read_text()
     for old, new in edits:
-        assert text.count(old) == 1, (path, old, text.count(old))
-        text = text.replace(old, new)
+        forms = old if isinstance(old, tuple) else (old,)
+        found = [(form, replacement) for form, replacement in zip(forms, new if isinstance(new, tuple) else (new,))
+                 if text.count(form) == 1]
+        assert len(found) == 1, (path, old)
+        text = text.replace(*found[0])
     path.write_text(text)
 
 
@@ -36,8 +41,10 @@ def main() -> None:
     cuda = Path(sys.argv[1]) / "cuda"
     patch(cuda / "fwd_hopper_ws.cu", [
         ("\nnamespace {\n", "\n" + DECLS + "\nnamespace {\n"),
-        ("  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {\n",
-         "  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {\n    TLW(0)\n"),
+        (("  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {\n",
+          "  auto run_work = [&](const QueryTile& tile) {\n"),
+         ("  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {\n    TLW(0)\n",
+          "  auto run_work = [&](const QueryTile& tile) {\n    TLW(0)\n")),
         ("      mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed\n",
          "      mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed\n"
          "      TLW(1)\n"),
