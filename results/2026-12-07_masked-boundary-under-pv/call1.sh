@@ -15,7 +15,7 @@ HF_FLASHPATCH_CACHE=/tmp/cT timeout 240 python3 -m pytest -q -m gpu -p no:cachep
   tests/gpu/test_forward_walks.py > $OUT/forward_tests.log 2>&1
 tail -3 $OUT/forward_tests.log
 echo "tests $(( $(date +%s) - START )) s"
-timeout $(( ${1:-560} - ($(date +%s) - START) )) python3 scripts/ab_kernels.py --tree main=ab/main --tree new=ab/new \
+timeout $(( ${1:-560} - ($(date +%s) - START) - 110 )) python3 scripts/ab_kernels.py --tree main=ab/main --tree new=ab/new \
   --tree early=ab/early --rounds 4 --only 'fwd d128 (8x2k|4x4k|2x8k|1x16k) causal$|fwd d128 (8x2k|1x16k) full' \
   > $OUT/ab.log 2>&1
 grep -B1 -A14 "after round" $OUT/ab.log | grep -E "after|case|graph" | tail -16
