@@ -298,11 +298,49 @@ __device__ __forceinline__ void for_each_tail_piece(const FwdParams& p, Body bod
   }
 }
 
-// kSplitTail builds (unmasked): where p.tail_parts > 0, the full rounds only (the pieces of the split one are the
-// pieces entry's: for_each_tail_piece). Their walk is its own loop, so the other builds' code is unchanged.
+// A persistent CTA's walk over its works, one at a time: the host's list (p.work_list) or the walk's rounds (masked:
+// the snake's). advance(p) returns the next work's tile (empty ones and the last round's missing ones skipped), an
+// empty tile past the last. The list's next index is read one work ahead. The Hopper walks' math warps advance under
+// a work's last P V (fwd_hopper_ws.cu), so that its divisions are not on the path between two works.
+template <bool kWindowed, int kBlockM, int kBlockN>
+struct WorkWalk {
+  const int* listed;
+  int num_work, i, end, next;
+  __device__ __forceinline__ explicit WorkWalk(const FwdParams& p) {
+    num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
+    const int grid = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+    listed = p.work_list;
+    end = listed != nullptr ? listed[b + 1] : (num_work + grid - 1) / grid;
+    i = listed != nullptr ? listed[b] : 0;
+    next = listed != nullptr ? (i < end ? listed[grid + 1 + i] : num_work) : walk_work<kWindowed>(0);
+  }
+  // The walk's next work index into w (past the last work in a last round it does not fill), false past the walk.
+  __device__ __forceinline__ bool next_index(int& w) {
+    if (i >= end) return false;
+    w = next;
+    if (i + 1 < end)
+      next = listed != nullptr ? listed[static_cast<int>(gridDim.x) + 2 + i] : walk_work<kWindowed>(i + 1);
+    ++i;
+    return true;
+  }
+  __device__ __forceinline__ QueryTile tile_of(const FwdParams& p, int w) const {
+    return query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
+  }
+  __device__ __forceinline__ QueryTile advance(const FwdParams& p) {
+    for (int w; next_index(w);) {
+      if (w >= num_work) continue;
+      const QueryTile tile = tile_of(p, w);
+      if (!tile.empty()) return tile;
+    }
+    return QueryTile{};  // p0 = packed_rows = 0: empty
+  }
+};
+
+// Every work of the CTA's walk (WorkWalk), in order: body(tile). kSplitTail builds (unmasked): where
+// p.tail_parts > 0, the full rounds only (the pieces of the split one are the pieces entry's: for_each_tail_piece).
+// Their walk is its own loop, so the other builds' code is unchanged.
 template <bool kWindowed, int kBlockM, int kBlockN, bool kSplitTail = false, typename Body>
 __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
-  const int num_work = m_blocks<kBlockM>(p) * p.kv_heads * p.num_seqs;
   if constexpr (kSplitTail && !kWindowed) {
     const int grid = static_cast<int>(gridDim.x), walked = whole_works<true, kBlockM>(p);
     for (int w = static_cast<int>(blockIdx.x); w < walked; w += grid) {  // walk_work<false>: round r's is r grid + b
@@ -310,18 +348,10 @@ __device__ __forceinline__ void for_each_work(const FwdParams& p, Body body) {
       if (!tile.empty()) body(tile);
     }
   } else {
-    // The host's list (p.work_list) or the walk's rounds (masked: the snake's); the next work's index is read one
-    // work ahead, so a listed walk's read of it waits under the work before.
-    const int grid = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
-    const int* const listed = p.work_list;
-    const int end = listed != nullptr ? listed[b + 1] : (num_work + grid - 1) / grid;
-    int i = listed != nullptr ? listed[b] : 0;
-    int next = listed != nullptr ? (i < end ? listed[grid + 1 + i] : num_work) : walk_work<kWindowed>(0);
-    for (; i < end; ++i) {
-      const int w = next;
-      if (i + 1 < end) next = listed != nullptr ? listed[grid + 2 + i] : walk_work<kWindowed>(i + 1);
-      if (w >= num_work) continue;
-      const QueryTile tile = query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
+    WorkWalk<kWindowed, kBlockM, kBlockN> walk(p);
+    for (int w; walk.next_index(w);) {
+      if (w >= walk.num_work) continue;
+      const QueryTile tile = walk.tile_of(p, w);
       if (!tile.empty()) body(tile);
     }
   }

@@ -291,7 +291,8 @@ __device__ __forceinline__ void walk_pieces(const hfp::fwd::FwdParams& p, uint32
     key_loop<false, true>(
         rows, p, piece, piece.p0 + warp_row0 + (lane >> 2), lane & 3, desc.q_rows, desc.k_ring,
         desc.v_ring, [&](int i) { return wait_keys(first + i); }, [&](int i) { return wait_values(first + i); },
-        [&](int i) { release_keys(first + i); }, [&](int i) { release_values(first + i); }, [] {}, [] {}, [] {});
+        [&](int i) { release_keys(first + i); }, [&](int i) { release_values(first + i); }, [] {}, [] {}, [] {},
+        [] {});
     ring += piece.keys.num_tiles;
     if (piece.parts == 1) {
       store_output_boxes(rows.acc_o, rows.softmax, p, piece, warp_row0, lane, staging);

@@ -144,19 +144,21 @@ __device__ __forceinline__ void keep_wait_behind(const float (&row_sum)[1][2]) {
 // tiles). K and V of a ring slot are waited for and handed back apart: `wait_keys(i)` waits until tile i's K is in its slot and
 // returns the slot (K at k_ring + slot * kKBytes), `wait_values(i)` until its V is (at v_ring + slot * kVBytes);
 // `release_keys(i)` hands K back once S(i) retired, `release_values(i)` V once P(i) V(i) did; `release_queries()`
-// runs once every S = Q K^T retired (at once without key tiles). `take_turn()` / `pass_turn()` bracket the issue of
+// runs once every S = Q K^T retired (at once without key tiles), `under_last_pv()` once the last P V was issued,
+// before its wait (at once without key tiles): work that needs neither O nor the tensor cores, under the product
+// that ends the work. `take_turn()` / `pass_turn()` bracket the issue of
 // each product group (the walk's turns of the math warpgroups, WARPGROUP_TURNS; no-ops elsewhere): a loop over n
 // key tiles takes n + 1 turns, one without tiles one. row: the packed row of this thread's first accumulator row
 // (p0 + warp_row0 + g); t: lane % 4. Each product is its own wgmma group (fence, MMAs, commit); the operand
 // fences keep the compiler from touching registers a wgmma owns between its issue and its wait.
 template <bool kWindowed, bool kSleep = false, typename WaitKeys, typename WaitValues, typename ReleaseKeys,
-          typename ReleaseValues, typename ReleaseQueries, typename TakeTurn, typename PassTurn>
+          typename ReleaseValues, typename ReleaseQueries, typename UnderLastPv, typename TakeTurn, typename PassTurn>
 __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile,
                                          int row, int t, hfp::sm90::SteppedDescriptor q_rows,
                                          hfp::sm90::SteppedDescriptor k_ring, hfp::sm90::SteppedDescriptor v_ring,
                                          WaitKeys wait_keys, WaitValues wait_values, ReleaseKeys release_keys,
                                          ReleaseValues release_values, ReleaseQueries release_queries,
-                                         TakeTurn take_turn, PassTurn pass_turn) {
+                                         UnderLastPv under_last_pv, TakeTurn take_turn, PassTurn pass_turn) {
   using namespace hfp::sm90;
   // O's rescale for tile i-1 goes before P(i-1) V(i-1), under S(i) (FlashAttention-3's order), where a tile's P V is
   // long enough to pay for starting later; on 64-key tiles (192/128) it waits for P V to retire instead (decision
@@ -167,6 +169,7 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
     take_turn();
     pass_turn();
     release_queries();
+    under_last_pv();
     return;
   }
   float scores[1][kNT][4];
@@ -241,7 +244,32 @@ __device__ __forceinline__ void key_loop(MathRows& rows, const hfp::fwd::FwdPara
   take_turn();
   issue_pv_of(num_tiles - 1);
   pass_turn();
+  under_last_pv();
   retire_pv(num_tiles - 1);
+}
+
+// This warp's rows by the TMA (store_output's kBoxes, the launch passed an output map), `first` its first packed row
+// (p0 + warp_row0): O normalised by inv_sum and staged in `staging` (one 16-row SW128 sub-tile a 64 columns, the
+// layout of an output box), then its first lane's box stores, one a 64 columns, as a bulk async-group of its own (the
+// staging is rewritten only after it was read: bulk_wait_read). `first` is a multiple of 16, so of the box's heads
+// (head 0 of a position).
+// Rows past the sequence's end are past the batched map's rows, which a box does not write; the warp does not test
+// for them (a branch on its rows made ptxas move the key loop's wgmma descriptors out of uniform registers). A box
+// at a negative row faulted the TMA (an illegal instruction), so a launch with output boxes leads by no rows
+// (FwdParams::leading_rows: forward.py).
+__device__ __forceinline__ void store_boxes(MathRows& rows, const hfp::fwd::FwdParams& p,
+                                            const hfp::fwd::QueryTile& tile, int first, int lane, uint32_t staging,
+                                            const float (&inv_sum)[1][2]) {
+  constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of the Q tile
+  hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V, kBlockBytes>(
+      staging, reinterpret_cast<const float(&)[kOT * 4]>(rows.acc_o), inv_sum[0][0], inv_sum[0][1], lane);
+  hfp::sm90::fence_proxy_async_shared();  // the staged rows, for the TMA's reads
+  __syncwarp();
+#pragma unroll
+  for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
+    hfp::tma::store_box_if(lane == 0, p.o_tma, staging + sub * kBlockBytes, sub * 64, tile.kv_head * tile.group,
+                           first / tile.group, tile.batch);
+  hfp::tma::bulk_commit();  // every lane: the others' groups are empty
 }
 
 // The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output.
@@ -301,24 +329,30 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
     });
   }
   if constexpr (kBoxes) {
-    // The warp's first packed row: a multiple of 16, so of the box's heads (head 0 of a position). Rows past the
-    // sequence's end are past the batched map's rows, which a box does not write; the warp does not test for them
-    // (a branch on its rows made ptxas move the key loop's wgmma descriptors out of uniform registers). A box at a
-    // negative row faulted the TMA (an illegal instruction), so a launch with output boxes leads by no rows
-    // (FwdParams::leading_rows: forward.py).
     const int first = tile.p0 + warp_row0;
-    if (boxes) {
-      constexpr int kBlockBytes = kBlockM * kSubTileRowBytes;  // a 64-column sub-tile of the Q tile
-      hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V, kBlockBytes>(
-          staging, reinterpret_cast<const float(&)[kOT * 4]>(rows.acc_o), inv_sum[0][0], inv_sum[0][1], lane);
-      hfp::sm90::fence_proxy_async_shared();  // the staged rows, for the TMA's reads
-      __syncwarp();
+    if (boxes) store_boxes(rows, p, tile, first, lane, staging, inv_sum);
+  }
+}
+
+// A masked walk's epilogue in two parts where its output leaves by boxes staged in a K slot (kKeySlotOutput,
+// fwd_hopper_ws.cu): finish_rows under the work's last P V (the rows' normalisers from their final softmax state, and
+// each row's LSE stored), then, once that product retired, store_boxes (store_output's boxes with those normalisers).
+__device__ __forceinline__ void finish_rows(hfp::fwd::OnlineSoftmax<1>& softmax, const hfp::fwd::FwdParams& p,
+                                            const hfp::fwd::QueryTile& tile, int warp_row0, int lane,
+                                            float (&inv_sum)[1][2]) {
+  const int g = lane >> 2, t = lane & 3;
+  float row_lse[1][2];
+  softmax.finalize(inv_sum, row_lse, p.scores.exp2_mul());
 #pragma unroll
-      for (int sub = 0; sub < HEAD_DIM_V / 64; ++sub)
-        hfp::tma::store_box_if(lane == 0, p.o_tma, staging + sub * kBlockBytes, sub * 64, tile.kv_head * tile.group,
-                               first / tile.group, tile.batch);
-      hfp::tma::bulk_commit();  // every lane: the others' groups are empty
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int packed = tile.p0 + warp_row0 + h * 8 + g;
+    if (kWindowed ? static_cast<unsigned>(packed) >= static_cast<unsigned>(tile.packed_rows)
+                  : packed >= tile.packed_rows)
+      continue;  // outside the sequence (store_output's test)
+    const int pos = tile.group == 1 ? packed : packed / tile.group;
+    if (t == 0)
+      p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + packed - pos * tile.group) *
+            p.lse_head_stride + tile.span.q_token0 + pos] = row_lse[0][h];
   }
 }
 

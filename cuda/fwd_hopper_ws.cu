@@ -343,7 +343,23 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
   };
   if (kWarpgroupTurns && warpgroup == 0) named_barrier_arrive(kTurnBarrier, 256);
   int ring = 0, works = 0;  // as the producer's
-  for_each_work<kWindowed, kBlockM, BLOCK_N>(p, [&](const QueryTile& tile) {
+  // kKeySlotOutput: the ring tile whose K slot holds this warp's boxes of the work before, handed back (once the
+  // boxes were read) after the next work's first S retired rather than on the way between the works (-1: none).
+  int boxes_ring = -1;
+  auto release_boxes_slot = [&]() {
+    if (!kKeySlotOutput || boxes_ring < 0) return;
+    bulk_wait_read<0>();  // this warp's boxes were read (only the first lane has groups)
+    release(k_empty_bars, boxes_ring);
+    boxes_ring = -1;
+  };
+  // The walk (the producer's order). kKeySlotOutput: the next work's tile is decoded under this work's last P V, off
+  // the path between the works; elsewhere at the next work's start (the tile kept over the epilogue spilled at d64,
+  // in the one-CTA-per-tile d128 build and at 192/128, each walk decoded in one place).
+  constexpr bool kAdvanceUnderLastPv = kKeySlotOutput;
+  static_assert(!kAdvanceUnderLastPv || !kOwnKeyTiles, "the next tile is decoded in the work's one key loop");
+  WorkWalk<kWindowed, kBlockM, BLOCK_N> walk(p);
+  QueryTile next_tile;
+  auto run_work = [&](const QueryTile& tile) {
     if (q_by_tma) {
       mbarrier_wait(q_full_bars + 8 * warpgroup, works & 1);  // this warpgroup's 64 Q rows landed
     } else {  // copy them, once every warp of this warpgroup is past the last work's products (and output boxes)
@@ -381,7 +397,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
       }
       return slot;
     };
-    // K is handed back once S retired, V once P V did.
+    // K is handed back once S retired, V once P V did; the work before's boxes' slot with the first K.
     auto release_keys = [&](int r) {
       if (!(slot_boxes && r == last_ring)) release(k_empty_bars, r);
     };
@@ -402,13 +418,23 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
         if constexpr (kKeySlotOutput) mbarrier_arrive(last_s_bars + 8 * (2 * warpgroup + (works & 1)));
       }
     };
+    // Under the work's last P V: the next work's tile, and (slot_boxes) the rows' normalisers and LSE.
+    float inv_sum[1][2];
+    auto under_last_pv = [&]() {
+      if (slot_boxes) finish_rows(rows.softmax, p, tile, warp_row0, per_work_math_tid() & 31, inv_sum);
+      if constexpr (kAdvanceUnderLastPv) next_tile = walk.advance(p);
+    };
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
       key_loop<kWindowed>(
           rows, p, keys, tile.p0 + warp_row0 + g, t, desc.q_rows, desc.k_ring, desc.v_ring,
           [&](int i) { return wait_keys(first + i, i == 0 && zero_first); },
-          [&](int i) { return wait_values(first + i); }, [&](int i) { release_keys(first + i); },
-          [&](int i) { release_values(first + i); }, release_queries, take_turn, pass_turn);
+          [&](int i) { return wait_values(first + i); },
+          [&](int i) {
+            release_keys(first + i);
+            if (i == 0) release_boxes_slot();
+          },
+          [&](int i) { release_values(first + i); }, release_queries, under_last_pv, take_turn, pass_turn);
     };
     if constexpr (!kOwnKeyTiles) {
       run_key_loop(tile, ring, partial_first);
@@ -424,15 +450,14 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     // warpgroup's Q rows, which every S of the work has read; the next work's copy starts behind a barrier of the
     // warpgroup, so after this warp's reads)
     if constexpr (kKeySlotOutput) {
-      uint32_t slot_staging = 0;
+      release_boxes_slot();  // a work without key tiles: the work before's, still held
       if (slot_boxes) {  // the other warpgroup's last S retired: no product reads the slot any more
         mbarrier_wait(last_s_bars + 8 * (2 * (warpgroup ^ 1) + (works & 1)), (works >> 1) & 1);
-        slot_staging = smem.k_ring + (last_ring % KV_STAGES) * kKBytes + warp_row0 * kSubTileRowBytes;
-      }
-      store_output<false, true>(rows, p, tile, warp_row0, per_work_math_tid() & 31, slot_staging, slot_boxes);
-      if (slot_boxes) {
-        bulk_wait_read<0>();  // this warp's boxes were read (only the first lane has groups)
-        release(k_empty_bars, last_ring);
+        store_boxes(rows, p, tile, tile.p0 + warp_row0, per_work_math_tid() & 31,
+                    smem.k_ring + (last_ring % KV_STAGES) * kKBytes + warp_row0 * kSubTileRowBytes, inv_sum);
+        boxes_ring = last_ring;
+      } else {
+        store_output<false, true>(rows, p, tile, warp_row0, per_work_math_tid() & 31, 0, false);
       }
     } else {
       store_output<kStagedOutput, kTmaOutput>(rows, p, tile, warp_row0, per_work_math_tid() & 31, staging,
@@ -440,7 +465,16 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     }
     ring += num_tiles;
     ++works;
-  });
+  };
+  if constexpr (kAdvanceUnderLastPv) {
+    for (next_tile = walk.advance(p); !next_tile.empty();) {
+      const QueryTile tile = next_tile;
+      run_work(tile);
+    }
+  } else {
+    for_each_work<kWindowed, kBlockM, BLOCK_N>(p, run_work);
+  }
+  release_boxes_slot();
   if constexpr (kTmaOutput) bulk_wait_read<0>();  // the shared memory stays until the last boxes were read
 }
 
