@@ -299,9 +299,8 @@ __device__ __forceinline__ void for_each_tail_piece(const FwdParams& p, Body bod
 }
 
 // A persistent CTA's walk over its works, one at a time: the host's list (p.work_list) or the walk's rounds (masked:
-// the snake's). advance(p) returns the next work's tile (empty ones and the last round's missing ones skipped), an
-// empty tile past the last. The list's next index is read one work ahead. The Hopper walks' math warps advance under
-// a work's last P V (fwd_hopper_ws.cu), so that its divisions are not on the path between two works.
+// the snake's): next_index gives each work's index in turn (past the work count: a last round's missing work), and
+// tile_of decodes it. The list's next index is read one work ahead.
 template <bool kWindowed, int kBlockM, int kBlockN>
 struct WorkWalk {
   const int* listed;
@@ -325,14 +324,6 @@ struct WorkWalk {
   }
   __device__ __forceinline__ QueryTile tile_of(const FwdParams& p, int w) const {
     return query_tile<kWindowed, kBlockM, kBlockN, kWindowed>(p, persistent_work<kBlockM>(p, w));
-  }
-  __device__ __forceinline__ QueryTile advance(const FwdParams& p) {
-    for (int w; next_index(w);) {
-      if (w >= num_work) continue;
-      const QueryTile tile = tile_of(p, w);
-      if (!tile.empty()) return tile;
-    }
-    return QueryTile{};  // p0 = packed_rows = 0: empty
   }
 };
 

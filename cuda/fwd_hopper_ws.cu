@@ -48,6 +48,7 @@
 #define WARPGROUP_TURNS 0
 #endif
 #include "fwd_hopper_chain.cuh"
+#include "fwd_tile_handoff.cuh"
 using namespace hfp;
 using namespace hfp::fwd;
 using namespace hfp::sm90;
@@ -91,6 +92,12 @@ constexpr bool kStagedOutput = STAGED_OUTPUT != 0;
 // that slot back only once its boxes were read: 128-key tiles of 128 rows, so the slot has the Q tile's layout.
 constexpr bool kTmaOutput = TMA_OUTPUT != 0;
 constexpr bool kKeySlotOutput = kTmaOutput && kQByTma;
+// kKeySlotOutput: the Q thread, which walks a work ahead of the math warps, hands them each work's tile through shared
+// memory (TileHandoff, fwd_tile_handoff.cuh), which they take under the last P V of the work before; it runs for
+// that alone where the launch passes no Q map. Elsewhere each role decodes the walk itself (in the one-CTA-per-tile
+// d128 build, at d64 and at 192/128 a tile kept over the epilogue spilled).
+constexpr bool kHandedTiles = kKeySlotOutput;
+static_assert(!kHandedTiles || !kOwnKeyTiles, "the next work's tile is taken in the work's one key loop");
 static_assert(!kTmaOutput || (!kStagedOutput && HEAD_DIM >= HEAD_DIM_V),
               "the output boxes are staged in the warp's copied Q rows, or (Q by the TMA) in a K slot");
 
@@ -118,9 +125,10 @@ struct Columns {  // a tile's column count as a type, for the producer's one loa
 
 // The dynamic shared memory: the tiles, then the full and empty mbarriers of every stage's K and V and of every
 // math warpgroup's Q rows, and (kKeySlotOutput) the K slot's last-S mbarriers (read by the launch from the compiled
-// module: Kernel.shared_bytes).
+// module: Kernel.shared_bytes), then (kHandedTiles) the tile handoff, 16-byte aligned.
+constexpr int kBarrierBytes = 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG + (kKeySlotOutput ? 2 * 8 * NUM_WG : 0);
 constexpr int kSharedBytes =
-    kSharedTilesBytes + 4 * 8 * KV_STAGES + 2 * 8 * NUM_WG + (kKeySlotOutput ? 2 * 8 * NUM_WG : 0);
+    kSharedTilesBytes + kBarrierBytes + (kHandedTiles ? (16 - kBarrierBytes % 16) % 16 + kTileHandoffBytes : 0);
 extern "C" __constant__ int hfp_attention_forward_sm90_ws_shared_bytes = kSharedBytes;
 
 // Grid (CTAs, 1, 1) (heuristics.hopper_forward_schedule: one CTA per SM where every tile weighs the same or a
@@ -157,6 +165,8 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
   // other warpgroup, which may be a work ahead (the turns let it start the next work's first S), cannot complete
   // the phase a slow waiter still reads; the Q thread's "Q empty" barrier has no such slack.
   const uint32_t last_s_bars = q_empty_bars + NUM_WG * 8;
+  const TileHandoff handoff =
+      TileHandoff::at((smem.end + kBarrierBytes + 15) & ~15u, smem_raw, hfp::smem_addr(smem_raw));
   const bool q_by_tma = kQByTma && p.q_box_heads > 0;  // else the math warps copy their Q rows
   const int tid = threadIdx.x;
   const bool varlen = p.cu_seqlens_k != nullptr;
@@ -180,6 +190,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
 #pragma unroll
       for (int b = 0; b < 2 * NUM_WG; ++b) mbarrier_init(last_s_bars + 8 * b, 4);  // the warpgroup's four warps
     }
+    if constexpr (kHandedTiles) handoff.init();
     if constexpr (kChainedWalk) {  // the Q barriers' area as (2 Q tiles, NUM_WG): a warpgroup's next Q rows landed
 #pragma unroll
       for (int b = 0; b < 2 * NUM_WG; ++b) mbarrier_init(q_full_bars + 8 * b, 4);  // the warpgroup's four warps
@@ -198,18 +209,20 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
   if (tid < kProducerThreads) {
     // =============================== producer ===============================
     registers_decrease<kProducerRegisters>();
-    if (tid == 32 && q_by_tma) {
+    if (tid == 32 && (q_by_tma || kHandedTiles)) {
       // Warp 1's first thread loads each math warpgroup's Q rows: a box per 64 columns of q_box_heads heads x
       // 64 / q_box_heads positions (64 packed rows, the heads fastest), once the warpgroup's products of the work
       // before no longer read them. A thread of its own, so that no warpgroup's Q waits behind key tiles that
-      // another warpgroup has not released yet.
-      prefetch(p.q_tma);
+      // another warpgroup has not released yet. kHandedTiles: it first publishes the work's tile for the math warps.
+      if (q_by_tma) prefetch(p.q_tma);
       int works = 0;
       for_each_work<kWindowed, kBlockM, BLOCK_N, kSplitTail>(p, [&](const QueryTile& tile) {
+        if constexpr (kHandedTiles) handoff.publish(works, tile);
         const int batch = varlen ? 0 : tile.batch;  // varlen maps: the packed tokens, a batch of 1
 #pragma unroll
         for (int wg = 0; wg < NUM_WG; ++wg) {
           if (works > 0) mbarrier_wait(q_empty_bars + 8 * wg, (works - 1) & 1);
+          if (!q_by_tma) continue;  // kHandedTiles alone: the wait keeps the slots from being overwritten early
           const uint32_t full = q_full_bars + 8 * wg;
           arrive_expect_bytes(full, 64 * HEAD_DIM * 2);
           const int position = static_cast<int>(tile.span.q_token0) + (tile.p0 + 64 * wg) / tile.group;
@@ -220,6 +233,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
         }
         ++works;
       });
+      if constexpr (kHandedTiles) handoff.publish(works, QueryTile{});  // the end of the walk
       return;
     }
     if (tid != 0) return;
@@ -352,12 +366,8 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     release(k_empty_bars, boxes_ring);
     boxes_ring = -1;
   };
-  // The walk (the producer's order). kKeySlotOutput: the next work's tile is decoded under this work's last P V, off
-  // the path between the works; elsewhere at the next work's start (the tile kept over the epilogue spilled at d64,
-  // in the one-CTA-per-tile d128 build and at 192/128, each walk decoded in one place).
-  constexpr bool kAdvanceUnderLastPv = kKeySlotOutput;
-  static_assert(!kAdvanceUnderLastPv || !kOwnKeyTiles, "the next tile is decoded in the work's one key loop");
-  WorkWalk<kWindowed, kBlockM, BLOCK_N> walk(p);
+  // The walk (the producer's order); kHandedTiles: the next work's tile taken from the Q thread under this work's last
+  // P V.
   QueryTile next_tile;
   auto run_work = [&](const QueryTile& tile) {
     if (q_by_tma) {
@@ -414,7 +424,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
       if (!q_by_tma && !kKeySlotOutput) return;
       __syncwarp();
       if (first_lane()) {
-        if (!kKeySlotOutput || q_by_tma) mbarrier_arrive(q_empty_bars + 8 * warpgroup);  // checked above otherwise
+        mbarrier_arrive(q_empty_bars + 8 * warpgroup);  // (kHandedTiles: the Q thread waits on it with or without Q)
         if constexpr (kKeySlotOutput) mbarrier_arrive(last_s_bars + 8 * (2 * warpgroup + (works & 1)));
       }
     };
@@ -422,7 +432,7 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     float inv_sum[1][2];
     auto under_last_pv = [&]() {
       if (slot_boxes) finish_rows(rows.softmax, p, tile, warp_row0, per_work_math_tid() & 31, inv_sum);
-      if constexpr (kAdvanceUnderLastPv) next_tile = walk.advance(p);
+      if constexpr (kHandedTiles) next_tile = handoff.take(works + 1);
     };
     // The key loop over the key tiles of `keys`, the first of them ring tile `first`.
     auto run_key_loop = [&](const QueryTile& keys, int first, bool zero_first) {
@@ -466,8 +476,8 @@ __device__ __forceinline__ void attention_forward_ws(const hfp::fwd::FwdParams& 
     ring += num_tiles;
     ++works;
   };
-  if constexpr (kAdvanceUnderLastPv) {
-    for (next_tile = walk.advance(p); !next_tile.empty();) {
+  if constexpr (kHandedTiles) {
+    for (next_tile = handoff.take(0); !next_tile.empty();) {
       const QueryTile tile = next_tile;
       run_work(tile);
     }
