@@ -77,6 +77,31 @@ def test_persistent_masked_walks_match_one_cta_per_tile(dims, window):
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), walk.table[: walk.ctas + 1]
 
 
+def test_a_masked_d128_walk_whose_group_takes_no_query_boxes():
+    """A group of 3 does not divide 64, so the masked d128 walk's math warps copy Q and store by threads; its Q thread
+    still walks the list, to hand each work's tile to the math warps (fwd_tile_handoff.cuh). Persistent and listed
+    walks, CTAs without works and one with most among them, give the bits of one CTA per tile and match the oracle."""
+    from hf_flashpatch.kernels.heuristics import HopperSchedule, forward_tile_shape
+
+    shape = forward_tile_shape(128, device_arch(torch.device("cuda")), True)
+    if not (shape.wgmma and shape.q_by_tma and shape.tma_output):
+        pytest.skip("the masked d128 walk's handed tiles are the Hopper body's")
+    torch.manual_seed(11)
+    q = torch.randn(2, 1100, 6, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1100, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 1100, 2, 128, device="cuda", dtype=torch.bfloat16)
+    tiles = math.ceil(1100 * 3 / shape.block_m) * 2 * 2
+    launch = lambda schedule: forward_module._launch(q, k, v, None, None, None, None, None, True, -1, -1, None,
+                                                     schedule=schedule)  # noqa: E731 fmt: skip
+    ref_out, ref_lse = launch(HopperSchedule(tiles))
+    check_against_oracle(ref_out, ref_lse, q, k, v, causal=True)
+    for schedule in [HopperSchedule(7, 2), HopperSchedule(tiles // 2 + 1, 1)] + [
+        HopperSchedule(walk.ctas, 1, listed=walk) for walk in _hand_made_walks(tiles)
+    ]:
+        out, lse = launch(schedule)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), schedule
+
+
 def test_listed_walk_under_cuda_graph_capture():
     """A listed walk whose table is not on the GPU yet when a CUDA graph captures the launch takes the snake walk
     (work_list.on_device: no host-to-device copy while capturing); once uploaded, a capture takes the list. Both
@@ -266,9 +291,10 @@ def test_query_rows_by_the_tma_equal_the_math_warps_copy(monkeypatch, dims, head
 
 def test_a_masked_walk_with_a_q_the_driver_cannot_map(monkeypatch):
     """A q with a broadcast batch (stride 0) gets no tensor map. The masked d128 walk loads Q by the TMA and stages its
-    output boxes in a K slot behind the warpgroups' "Q empty" barriers, which only the Q thread's launches arm; with
-    no query map it copies Q by its math warps and stores by threads (forward_maps.output_map). The launch ends,
-    gives the bits of a contiguous q (which takes both maps) and matches the oracle."""
+    output boxes in a K slot; with no query map it copies Q by its math warps and stores by threads
+    (forward_maps.output_map), while its Q thread only hands the works' tiles over (waiting on the warpgroups' "Q
+    empty" barriers all the same). The launch ends, gives the bits of a contiguous q (which takes both maps) and
+    matches the oracle."""
     shape = forward_tile_shape(128, device_arch(torch.device("cuda")), True)
     if not (shape.wgmma and shape.q_by_tma and shape.tma_output):
         pytest.skip("the masked d128 walk's output boxes in a K slot are the Hopper body's")
