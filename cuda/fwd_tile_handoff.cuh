@@ -10,6 +10,10 @@
 // The publisher may rewrite slot n % 2 with work n + 2 only once every math warp read work n from it: the forward's
 // Q thread publishes work n + 2 after it waited for work n + 1's "Q empty" (every math warp's last S of that work
 // retired), and a math warp takes work n + 1 ... n + 2 under the last P V of works n ... n + 1, so before it arrives.
+// Those waits read a phase by its parity, so no warpgroup may complete two "Q empty" phases ahead of them. With Q
+// boxes none can (its next phase needs Q rows the Q thread loads after the wait). Without (a launch with no Q map),
+// only timing holds it: between a publish and the Q thread's next wait lie a few instructions, while a warpgroup's
+// second phase needs its last P V, its epilogue and the next work's S.
 #pragma once
 #include "fwd_geometry.cuh"
 #include "hopper.cuh"
