@@ -272,6 +272,13 @@ __device__ __forceinline__ void store_boxes(MathRows& rows, const hfp::fwd::FwdP
   hfp::tma::bulk_commit();  // every lane: the others' groups are empty
 }
 
+// A row's LSE, (B, H, S_q) or (H, T_q): head `head` of the tile's GQA group, position `pos` in its sequence.
+__device__ __forceinline__ void store_row_lse(const hfp::fwd::FwdParams& p, const hfp::fwd::QueryTile& tile, int head,
+                                              int pos, float lse) {
+  p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
+        tile.span.q_token0 + pos] = lse;
+}
+
 // The epilogue each math thread runs on its own rows: normalise, write each row's LSE, and store the output.
 // kStaged: through `staging`, this warp's 16 rows x HEAD_DIM_V in shared memory that its warpgroup no longer reads
 // (its Q rows, once every S of the work retired), so that each row leaves in 16-byte stores (hopper.cuh,
@@ -310,9 +317,7 @@ __device__ __forceinline__ void store_output(MathRows& rows, const hfp::fwd::Fwd
         *reinterpret_cast<uint32_t*>(row + ot * 8) =
             Traits::pack2(rows.acc_o[0][ot][2 * h] * inv_sum[0][h], rows.acc_o[0][ot][2 * h + 1] * inv_sum[0][h]);
     }
-    if (t == 0)
-      p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + head) * p.lse_head_stride +
-            tile.span.q_token0 + pos] = row_lse[0][h];
+    if (t == 0) store_row_lse(p, tile, head, pos, row_lse[0][h]);
   }
   if constexpr (kStaged) {
     hfp::sm90::stage_warp_rows<kBf16, HEAD_DIM_V>(staging, reinterpret_cast<const float(&)[kOT * 4]>(rows.acc_o),
@@ -350,9 +355,7 @@ __device__ __forceinline__ void finish_rows(hfp::fwd::OnlineSoftmax<1>& softmax,
                   : packed >= tile.packed_rows)
       continue;  // outside the sequence (store_output's test)
     const int pos = tile.group == 1 ? packed : packed / tile.group;
-    if (t == 0)
-      p.lse[tile.batch * p.lse_batch_stride + (tile.kv_head * tile.group + packed - pos * tile.group) *
-            p.lse_head_stride + tile.span.q_token0 + pos] = row_lse[0][h];
+    if (t == 0) store_row_lse(p, tile, packed - pos * tile.group, pos, row_lse[0][h]);
   }
 }
 
