@@ -76,3 +76,23 @@ def gpu_fences_before_remote_arrivals(sass: str, window: int = 6) -> list[str]:
             fences += [f for f in recent if re.search(r"MEMBAR\.\w+\.(GPU|SYS)", f)]
         recent = (recent + [instruction])[-window:]
     return fences
+
+
+
+def steady_softmax_stretches(sass: str) -> list[str]:
+    """The stretches of a Hopper forward build's SASS between retiring a key-loop step's S while its P V still runs
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and waiting for that P V (``... gsb0, 0x0``): each key loop's steady softmax,
+    which must run under the P V, one instruction a line."""
+    stretches, current = [], None
+    for line in sass.splitlines():
+        instruction = line.split(";")[0].strip()
+        if not re.match(r"/\*[0-9a-f]+\*/", instruction):
+            continue
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in instruction:
+            current = []
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in instruction and current is not None:
+            stretches.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(instruction)
+    return stretches

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ptxas_report import gpu_fences_before_remote_arrivals, hgmmas_waiting_on_moves
+from ptxas_report import gpu_fences_before_remote_arrivals, hgmmas_waiting_on_moves, steady_softmax_stretches
 
 from hf_flashpatch.errors import KernelUnsupported
 from hf_flashpatch.kernels.build import compile_cubin, find_nvcc, shared_bytes_of
@@ -110,6 +110,13 @@ def test_sass_uses_tensor_cores_and_no_local_memory(ptxas_reports, tmp_path):
             # (results/2026-12-06_q-descriptor-where-used).
             waiting = {group: n for group, n in hgmmas_waiting_on_moves(sass).items() if n > 1}
             assert not waiting, f"{_build_id(build)}: descriptors moved into uniform registers: {waiting}"
+            # Each key loop's exponentials run under its P V (all but a few of a thread's BLOCK_N / 2 a step), not
+            # after ptxas moved the P V's wait above them (results/2026-12-07_tensor-row-sums).
+            stretches = steady_softmax_stretches(sass)
+            exponentials = int(dict(build.defines)["BLOCK_N"]) // 2
+            assert stretches and all(s.count("MUFU.EX2") >= exponentials - 8 for s in stretches), (
+                f"{_build_id(build)}: exponentials after the P V wait: "
+                f"{[s.count('MUFU.EX2') for s in stretches]} of {exponentials}")
             if dict(build.defines).get("KV_CLUSTER"):  # multicast loads, slots handed back to the other CTA unfenced
                 assert "UTMALDG.4D.MULTICAST" in sass and "SYNCS.ARRIVE.TRANS64.RED" in sass, _build_id(build)
                 fences = gpu_fences_before_remote_arrivals(sass)
