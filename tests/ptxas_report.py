@@ -78,7 +78,6 @@ def gpu_fences_before_remote_arrivals(sass: str, window: int = 6) -> list[str]:
     return fences
 
 
-
 def steady_softmax_stretches(sass: str) -> list[str]:
     """The stretches of a Hopper forward build's SASS between retiring a key-loop step's S while its P V still runs
     (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and waiting for that P V (``... gsb0, 0x0``): each key loop's steady softmax,
