@@ -62,16 +62,20 @@ def hgmmas_waiting_on_moves(sass: str) -> dict[str, int]:
     return waiting
 
 
+def _instructions(sass: str) -> list[str]:
+    """A cuobjdump listing's instructions, each as ``/*address*/ OPCODE operands`` (the encoding lines between them,
+    and the trailing ``;`` and comments, left out)."""
+    lines = (line.split(";")[0].strip() for line in sass.splitlines())
+    return [line for line in lines if re.match(r"/\*[0-9a-f]+\*/", line)]
+
+
 def gpu_fences_before_remote_arrivals(sass: str, window: int = 6) -> list[str]:
     """The GPU-scope memory fences (``MEMBAR.ALL.GPU`` / ``.SYS``) among the ``window`` instructions before an arrival
     on another CTA's mbarrier (``SYNCS.ARRIVE.TRANS64.RED``, from ``mbarrier.arrive`` on a ``shared::cluster``
     address). A cluster-scope release on that arrival makes ptxas emit one before each (with ``ERRBAR`` /
     ``CGAERRBAR``): it waits for every memory access the thread has in flight, once per K/V slot and warp."""
     fences, recent = [], []
-    for line in sass.splitlines():
-        instruction = line.split(";")[0].strip()
-        if not re.match(r"/\*[0-9a-f]+\*/", instruction):
-            continue  # the encoding lines between instructions
+    for instruction in _instructions(sass):
         if "SYNCS.ARRIVE.TRANS64.RED" in instruction:
             fences += [f for f in recent if re.search(r"MEMBAR\.\w+\.(GPU|SYS)", f)]
         recent = (recent + [instruction])[-window:]
@@ -83,10 +87,7 @@ def steady_softmax_stretches(sass: str) -> list[str]:
     (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and waiting for that P V (``... gsb0, 0x0``): each key loop's steady softmax,
     which must run under the P V, one instruction a line."""
     stretches, current = [], None
-    for line in sass.splitlines():
-        instruction = line.split(";")[0].strip()
-        if not re.match(r"/\*[0-9a-f]+\*/", instruction):
-            continue
+    for instruction in _instructions(sass):
         if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in instruction:
             current = []
         elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in instruction and current is not None:
